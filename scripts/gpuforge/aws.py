@@ -1,0 +1,25 @@
+"""One way to make boto3 clients: adaptive retries, and the endpoint from the environment.
+
+boto3 itself honours AWS_ENDPOINT_URL (and AWS_ENDPOINT_URL_<SERVICE>), which is how the
+lab points every client at moto_server; nothing here special-cases the lab.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+RETRY_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 10}, user_agent_extra="gpuforge")
+DEFAULT_REGION = "us-east-1"
+
+
+def region() -> str:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
+
+
+def client(service: str, region_name: str | None = None) -> Any:
+    """A boto3 client with adaptive retries (API throttling is retried, not fatal)."""
+    return boto3.session.Session().client(service, region_name=region_name or region(), config=RETRY_CONFIG)

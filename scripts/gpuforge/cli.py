@@ -1,0 +1,51 @@
+"""The `gpuforge` command. Each feature module contributes its subcommands via register()."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from gpuforge import __version__
+from gpuforge.errors import ExternalError, UserError
+
+# Feature modules, each exposing register(subparsers). Add a module here to add its commands.
+_COMMAND_MODULES = (
+    "gpuforge.lab.cli",
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuforge", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gpuforge {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except (UserError, ExternalError) as exc:
+        print(f"gpuforge: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("gpuforge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
