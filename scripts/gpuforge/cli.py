@@ -14,6 +14,7 @@ from gpuforge.errors import ExternalError, UserError
 # Feature modules, each exposing register(subparsers). Add a module here to add its commands.
 _COMMAND_MODULES = (
     "gpuforge.lab.cli",
+    "gpuforge.pcluster.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -1,0 +1,1 @@
+"""AWS ParallelCluster 3 cluster configs: generate from a small spec, validate offline, patch the AMI."""

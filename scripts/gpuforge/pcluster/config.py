@@ -1,0 +1,141 @@
+"""Read, write and patch ParallelCluster 3 cluster configs (YAML) and find the AMIs they reference.
+
+The AMI pipeline imports these functions: `set_custom_ami` to roll a new golden AMI into a config and
+`custom_amis` so that pruning never deregisters an AMI a config still uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuforge.errors import UserError
+
+LOG = logging.getLogger(__name__)
+
+# EC2 image ids are "ami-" plus 8 (older) or 17 hex digits, the same lengths ParallelCluster's schema accepts.
+AMI_ID_RE = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+
+
+def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """Parse a YAML file that must hold a mapping; a missing file, bad YAML or other shape is a user error."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"{what} {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path} must be a YAML mapping")
+    return data
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Parse a cluster config file (Region, Image, HeadNode, Scheduling, ...)."""
+    return load_yaml_mapping(path, "cluster config")
+
+
+def to_yaml(config: dict[str, Any]) -> str:
+    """Render a config as block YAML in its own key order (ParallelCluster's documented order)."""
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def dump_config(config: dict[str, Any], path: Path) -> None:
+    """Write a config atomically, so a reader never sees half a file. YAML comments are not preserved."""
+    text = to_yaml(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _items(value: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(value, list):
+        yield from (item for item in value if isinstance(item, dict))
+
+
+def _queues(config: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(_items(_mapping(config.get("Scheduling")).get("SlurmQueues")))
+
+
+def _image_holders(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every section that may carry an Image.CustomAmi: cluster, head node, each queue, each login pool."""
+    yield config
+    yield _mapping(config.get("HeadNode"))
+    yield from _queues(config)
+    yield from _items(_mapping(config.get("LoginNodes")).get("Pools"))
+
+
+def custom_amis(config: dict[str, Any]) -> set[str]:
+    """Every AMI id the config references; tolerates partial configs, since prune reads arbitrary ones."""
+    found: set[str] = set()
+    for holder in _image_holders(config):
+        ami = _mapping(holder.get("Image")).get("CustomAmi")
+        if isinstance(ami, str) and ami:
+            found.add(ami)
+    return found
+
+
+def check_ami_id(ami_id: str) -> str:
+    if not isinstance(ami_id, str) or not AMI_ID_RE.match(ami_id):
+        raise UserError(f"invalid AMI id {ami_id!r}: expected ami- followed by 8 or 17 hex digits")
+    return ami_id
+
+
+def set_custom_ami(
+    config: dict[str, Any], ami_id: str, queues: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Return a copy of config using ami_id: cluster-wide (queues=None) or for the named Slurm queues only."""
+    check_ami_id(ami_id)
+    patched = copy.deepcopy(config)
+    if queues is None:
+        image = patched.get("Image")
+        if image is None:
+            image = patched["Image"] = {}
+        elif not isinstance(image, dict):
+            raise UserError("the config's Image must be a mapping (Os, CustomAmi)")
+        image["CustomAmi"] = ami_id
+        # A queue's own Image.CustomAmi wins over the cluster-wide one; say so rather than silently skip it.
+        pinned = [str(q.get("Name")) for q in _queues(patched) if _mapping(q.get("Image")).get("CustomAmi")]
+        if pinned:
+            LOG.warning(
+                "queues %s keep their own Image.CustomAmi; use --queue to change them", ", ".join(pinned)
+            )
+        return patched
+    if isinstance(queues, str):
+        raise TypeError("queues must be a sequence of queue names, not a string")
+    if not queues:
+        raise UserError("no queue named: give at least one queue, or none to set the cluster-wide AMI")
+    by_name = {q.get("Name"): q for q in _queues(patched)}
+    unknown = [name for name in queues if name not in by_name]
+    if unknown:
+        known = ", ".join(str(name) for name in by_name) or "none"
+        raise UserError(f"unknown queue(s) {', '.join(unknown)}; the config's Slurm queues are: {known}")
+    for name in queues:
+        queue = by_name[name]
+        image = queue.get("Image")
+        if image is None:
+            image = queue["Image"] = {}
+        elif not isinstance(image, dict):
+            raise UserError(f"Scheduling.SlurmQueues {name}: Image must be a mapping (CustomAmi)")
+        image["CustomAmi"] = ami_id
+    return patched

@@ -1,0 +1,107 @@
+"""Offline validation of a cluster config with aws-parallelcluster's own marshmallow schema.
+
+How ParallelCluster validates (aws-parallelcluster 3.16.1, pcluster.models.cluster.Cluster):
+`pcluster create-cluster --dryrun true` / `validate_create_request` first checks that no CloudFormation
+stack of that name exists, then `_validate_and_parse_config` does two steps:
+
+1. syntactic: `ClusterSchema(cluster_name=...).load(config)` (marshmallow): required sections, unknown
+   keys, types, enums and regexes (subnet, AMI, FSx ids). It makes no AWS calls, but the objects it builds
+   read the region from boto3's session (`get_region()`), which ParallelCluster sets beforehand from the
+   config's Region (`configure_aws_region_from_config`).
+2. semantic: `config.validate()` runs some hundred validators, most of which call EC2, FSx, IAM, S3 or
+   CloudFormation (instance type info, subnets' AZs, AMI lookups, quotas).
+
+This module runs step 1 only, so it works offline and in CI. Step 2 needs a real account: run
+`pcluster create-cluster --dryrun true` before a launch. The region check uses the supported-regions list
+shipped inside the package: `pcluster.utils.retrieve_supported_regions()` would fetch it from S3 first.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from gpuforge.errors import UserError
+
+# The name only feeds objects the schema builds; no config field depends on it.
+_SCHEMA_CLUSTER_NAME = "gpuforge-validate"
+
+
+@cache
+def supported_regions() -> frozenset[str]:
+    """The regions this aws-parallelcluster release supports, from the list it ships."""
+    text = (resources.files("pcluster") / "resources" / "supported-regions").read_text()
+    return frozenset(line.strip() for line in text.splitlines() if line.strip())
+
+
+@contextmanager
+def _region(region: str) -> Iterator[None]:
+    """Set AWS_DEFAULT_REGION for the schema load, as ParallelCluster itself does, and restore it."""
+    saved = os.environ.get("AWS_DEFAULT_REGION")
+    os.environ["AWS_DEFAULT_REGION"] = region
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("AWS_DEFAULT_REGION", None)
+        else:
+            os.environ["AWS_DEFAULT_REGION"] = saved
+
+
+def error_lines(messages: Any, path: str = "") -> list[str]:
+    """Flatten marshmallow's nested error messages to "Path.To[0].Key: message" lines."""
+    if isinstance(messages, dict):
+        lines: list[str] = []
+        for key, value in messages.items():
+            if isinstance(key, int):
+                sub = f"{path}[{key}]"
+            elif key == "_schema":
+                sub = path
+            else:
+                sub = f"{path}.{key}" if path else str(key)
+            lines.extend(error_lines(value, sub))
+        return lines
+    if isinstance(messages, list) and all(isinstance(m, str) for m in messages):
+        return [f"{path or '(top level)'}: {m}" for m in messages]
+    if isinstance(messages, list):
+        return [line for m in messages for line in error_lines(m, path)]
+    return [f"{path or '(top level)'}: {messages}"]
+
+
+def _config_region(config: dict[str, Any]) -> str:
+    region = config.get("Region") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region:
+        raise UserError(
+            "the cluster config has no Region (and AWS_DEFAULT_REGION is unset): add Region: <region>"
+        )
+    if not isinstance(region, str) or region not in supported_regions():
+        raise UserError(f"Region: {region!r} is not a region ParallelCluster supports")
+    return region
+
+
+def validate(config: dict[str, Any]) -> None:
+    """Check config against ParallelCluster's ClusterSchema; a UserError lists each error with its path."""
+    if not isinstance(config, dict):
+        raise UserError("a cluster config must be a mapping (Region, Image, HeadNode, Scheduling, ...)")
+    # Imported here: pcluster pulls in its whole config model, which commands that never validate don't need.
+    from marshmallow import ValidationError
+    from pcluster.schemas.cluster_schema import ClusterSchema
+
+    region = _config_region(config)
+    try:
+        with _region(region):
+            # load() may fill defaults into what it is given; the caller's dict stays untouched.
+            ClusterSchema(cluster_name=_SCHEMA_CLUSTER_NAME).load(copy.deepcopy(config))
+    except ValidationError as exc:
+        lines = sorted(error_lines(exc.messages))
+        raise UserError(
+            "the cluster config fails ParallelCluster's schema:\n  " + "\n  ".join(lines)
+        ) from None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        # ParallelCluster's post-load constructors raise these on shapes the schema let through.
+        raise UserError(f"ParallelCluster cannot load the cluster config: {exc}") from None
