@@ -48,7 +48,7 @@ class _Node:
     path: str
 
     def fail(self, message: str) -> UserError:
-        return UserError(f"cluster spec: {self.path}: {message}")
+        return UserError(f"cluster spec: {self.path or '(top level)'}: {message}")
 
     def mapping(
         self, required: set[str], optional: frozenset[str] | set[str] = frozenset()

@@ -1,0 +1,103 @@
+"""`gpuforge cluster-config` through gpuforge.cli.main: exit codes 0 (ok) and 2 (bad input); no AWS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuforge import cli
+from gpuforge.pcluster.config import custom_amis, load_config
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster-spec.yml"
+NEW_AMI = "ami-0aaaaaaaaaaaaaaaa"
+
+
+@pytest.fixture(autouse=True)
+def only_our_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Build the CLI with just this feature's commands, so other modules' state cannot break these tests."""
+    assert "gpuforge.pcluster.cli" in cli._COMMAND_MODULES
+    monkeypatch.setattr(cli, "_COMMAND_MODULES", ("gpuforge.pcluster.cli",))
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    out = tmp_path / "cluster.yml"
+    assert cli.main(["cluster-config", "generate", str(EXAMPLE), "-o", str(out)]) == 0
+    return out
+
+
+def test_generate_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster-config", "generate", str(EXAMPLE)]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["Image"]["CustomAmi"] == yaml.safe_load(EXAMPLE.read_text())["ami"]
+    assert list(config)[:4] == ["Region", "Image", "HeadNode", "Scheduling"]
+
+
+def test_generate_to_file_then_validate(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster-config", "validate", str(config_file)]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_generate_bad_spec_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["queues"][0]["compute_resources"][0]["min_count"] = 9
+    path = tmp_path / "spec.yml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "never.yml"
+    assert cli.main(["cluster-config", "generate", str(path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuforge: error: cluster spec: queues[0].compute_resources[0].min_count:")
+    assert not out.exists()
+
+
+def test_missing_spec_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster-config", "generate", str(tmp_path / "absent.yml")]) == 2
+    assert "cannot read cluster spec" in capsys.readouterr().err
+
+
+def test_validate_schema_error_exits_2(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = load_config(config_file)
+    del config["Scheduling"]
+    config_file.write_text(yaml.safe_dump(config))
+    assert cli.main(["cluster-config", "validate", str(config_file)]) == 2
+    assert "Scheduling: Missing data for required field." in capsys.readouterr().err
+
+
+def test_set_ami_cluster_wide(config_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "patched.yml"
+    assert cli.main(["cluster-config", "set-ami", str(config_file), "--ami", NEW_AMI, "-o", str(out)]) == 0
+    assert custom_amis(load_config(out)) == {NEW_AMI}
+    assert load_config(config_file)["Image"]["CustomAmi"] != NEW_AMI, "the input file is untouched"
+
+
+def test_set_ami_per_queue_to_stdout(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster-config", "set-ami", str(config_file), "--ami", NEW_AMI, "--queue", "gpu"]) == 0
+    patched = yaml.safe_load(capsys.readouterr().out)
+    queues = {q["Name"]: q for q in patched["Scheduling"]["SlurmQueues"]}
+    assert queues["gpu"]["Image"] == {"CustomAmi": NEW_AMI}
+    assert "Image" not in queues["cpu"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (
+            ["--ami", NEW_AMI, "--queue", "nope"],
+            "unknown queue(s) nope; the config's Slurm queues are: gpu, cpu",
+        ),
+        (["--ami", "ami-bad"], "invalid AMI id 'ami-bad'"),
+    ],
+)
+def test_set_ami_bad_input_exits_2(
+    config_file: Path, capsys: pytest.CaptureFixture[str], extra: list[str], fragment: str
+) -> None:
+    assert cli.main(["cluster-config", "set-ami", str(config_file), *extra]) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_set_ami_requires_ami(config_file: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["cluster-config", "set-ami", str(config_file)])
+    assert info.value.code == 2

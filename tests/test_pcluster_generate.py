@@ -1,0 +1,270 @@
+"""gpuforge.pcluster.generate: spec -> ParallelCluster 3 config (pure; facts from data/instance_types.yml)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge import instance_types
+from gpuforge.errors import UserError
+from gpuforge.pcluster.config import custom_amis
+from gpuforge.pcluster.generate import IMAGE_OS, generate
+from gpuforge.pcluster.validate import validate
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster-spec.yml"
+SUBNET_A = "subnet-0123456789abcdef0"
+SUBNET_B = "subnet-0123456789abcdef1"
+
+
+def base_spec() -> dict[str, Any]:
+    return {
+        "region": "us-east-1",
+        "ami": "ami-0123456789abcdef0",
+        "head_node": {"instance_type": "c5.2xlarge", "subnet_id": SUBNET_A, "ssh_key": "gpuforge"},
+        "queues": [
+            {
+                "name": "gpu",
+                "subnet_ids": [SUBNET_A],
+                "compute_resources": [{"instance_type": "p5.48xlarge", "max_count": 4}],
+            }
+        ],
+        "storage": {
+            "fsx_lustre": {
+                "storage_capacity": 1200,
+                "deployment_type": "PERSISTENT_2",
+                "per_unit_storage_throughput": 250,
+            }
+        },
+    }
+
+
+def _queue(config: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(q for q in config["Scheduling"]["SlurmQueues"] if q["Name"] == name)
+
+
+def test_example_spec_generates_a_valid_config() -> None:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    config = generate(spec)
+    validate(config)
+    assert config["Region"] == spec["region"]
+    assert config["Image"] == {"Os": IMAGE_OS, "CustomAmi": spec["ami"]}
+    head = config["HeadNode"]
+    assert head["InstanceType"] == spec["head_node"]["instance_type"]
+    assert head["Networking"] == {"SubnetId": spec["head_node"]["subnet_id"]}
+    assert head["Ssh"] == {"KeyName": spec["head_node"]["ssh_key"]}
+    action = spec["head_node"]["on_node_configured"]
+    assert head["CustomActions"] == {"OnNodeConfigured": {"Script": action["script"], "Args": action["args"]}}
+    assert config["Scheduling"]["Scheduler"] == "slurm"
+    assert config["Scheduling"]["SlurmSettings"] == {"CustomSlurmSettings": spec["slurm"]["custom_settings"]}
+    assert [q["Name"] for q in config["Scheduling"]["SlurmQueues"]] == [q["name"] for q in spec["queues"]]
+    fsx = spec["storage"]["fsx_lustre"]
+    assert config["SharedStorage"] == [
+        {
+            "Name": fsx["name"],
+            "StorageType": "FsxLustre",
+            "MountDir": fsx["mount_dir"],
+            "FsxLustreSettings": {
+                "StorageCapacity": fsx["storage_capacity"],
+                "DeploymentType": fsx["deployment_type"],
+                "PerUnitStorageThroughput": fsx["per_unit_storage_throughput"],
+            },
+        }
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(instance_types.all_types()))
+def test_efa_placement_and_gpu_health_follow_instance_facts(name: str) -> None:
+    facts = instance_types.get(name)
+    spec = base_spec()
+    spec["queues"][0]["compute_resources"] = [{"instance_type": name, "min_count": 1, "max_count": 2}]
+    config = generate(spec)
+    queue = _queue(config, "gpu")
+    (resource,) = queue["ComputeResources"]
+    assert resource["Name"] == name.replace(".", "-")
+    assert (resource["InstanceType"], resource["MinCount"], resource["MaxCount"]) == (name, 1, 2)
+    assert resource.get("Efa") == ({"Enabled": True} if facts.efa_interfaces > 0 else None)
+    assert resource.get("HealthChecks") == ({"Gpu": {"Enabled": True}} if facts.gpus > 0 else None)
+    assert queue["Networking"].get("PlacementGroup") == (
+        {"Enabled": True} if facts.efa_interfaces > 0 else None
+    )
+
+
+def test_placement_group_is_per_queue() -> None:
+    spec = base_spec()
+    no_efa = next(t for t in instance_types.all_types().values() if t.efa_interfaces == 0)
+    spec["storage"] = {"fsx_lustre": {"file_system_id": "fs-0123456789abcdef0"}}
+    spec["queues"].append(
+        {
+            "name": "small",
+            "subnet_ids": [SUBNET_A, SUBNET_B],
+            "compute_resources": [{"instance_type": no_efa.name, "max_count": 1}],
+        }
+    )
+    config = generate(spec)
+    assert _queue(config, "gpu")["Networking"]["PlacementGroup"] == {"Enabled": True}
+    assert _queue(config, "small")["Networking"] == {"SubnetIds": [SUBNET_A, SUBNET_B]}
+    assert config["SharedStorage"][0]["FsxLustreSettings"] == {"FileSystemId": "fs-0123456789abcdef0"}
+
+
+def test_optional_parts() -> None:
+    spec = base_spec()
+    del spec["storage"]
+    queue = spec["queues"][0]
+    queue.update(capacity_type="CAPACITY_BLOCK", ami="ami-0fedcba9876543210")
+    queue["on_node_configured"] = {"script": "https://example.com/pull.sh"}
+    config = generate(spec)
+    assert "SharedStorage" not in config
+    assert "SlurmSettings" not in config["Scheduling"]
+    generated = _queue(config, "gpu")
+    assert generated["CapacityType"] == "CAPACITY_BLOCK"
+    assert generated["CustomActions"] == {"OnNodeConfigured": {"Script": "https://example.com/pull.sh"}}
+    assert custom_amis(config) == {"ami-0123456789abcdef0", "ami-0fedcba9876543210"}
+
+
+def test_generate_does_not_modify_the_spec() -> None:
+    spec = base_spec()
+    before = copy.deepcopy(spec)
+    generate(spec)
+    assert spec == before
+
+
+def _without(path: str) -> Any:
+    def edit(spec: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target: Any = spec
+        for key in parents:
+            target = target[int(key)] if key.isdigit() else target[key]
+        del target[last]
+
+    return edit
+
+
+def _set(path: str, value: Any) -> Any:
+    def edit(spec: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target: Any = spec
+        for key in parents:
+            target = target[int(key)] if key.isdigit() else target[key]
+        target[last] = value
+
+    return edit
+
+
+CR = "queues.0.compute_resources.0"
+FSX = "storage.fsx_lustre"
+
+# (edit to the valid base spec, the field the error must name, a fragment of the explanation)
+BAD_SPECS = [
+    (_without("region"), "region", "missing"),
+    (_without("ami"), "ami", "missing"),
+    (_without("head_node"), "head_node", "missing"),
+    (_without("queues"), "queues", "missing"),
+    (_set("regoin", "us-east-1"), "(top level)", "unknown key(s) regoin"),
+    (_set("region", "mars-north-1"), "region", "not a region ParallelCluster supports"),
+    (_set("ami", "ami-xyz"), "ami", "invalid AMI id"),
+    (_without("head_node.ssh_key"), "head_node.ssh_key", "missing"),
+    (_set("head_node.subnet_id", "subnet-12"), "head_node.subnet_id", "not a subnet id"),
+    (_set("head_node.instance_type", "big"), "head_node.instance_type", "not an EC2 instance type"),
+    (
+        _set("head_node.on_node_configured", {"script": "ftp://x/y.sh"}),
+        "head_node.on_node_configured.script",
+        "s3://",
+    ),
+    (
+        _set("head_node.on_node_configured", {"script": "s3://b/p.sh", "args": "-v"}),
+        "head_node.on_node_configured.args",
+        "list",
+    ),
+    (_set("queues", []), "queues", "at least 1"),
+    (_set("queues.0.name", "GPU_Queue"), "queues[0].name", "lowercase"),
+    (_set("queues.0.name", "q" * 26), "queues[0].name", "at most 25"),
+    (_set("queues.0.name", "default"), "queues[0].name", "forbidden"),
+    (_set("queues.0.subnet_ids", "subnet-0123456789abcdef0"), "queues[0].subnet_ids", "must be a list"),
+    (_set("queues.0.subnet_ids", ["subnet-xyz"]), "queues[0].subnet_ids[0]", "not a subnet id"),
+    (_set("queues.0.subnet_ids", [SUBNET_A, SUBNET_A]), "queues[0].subnet_ids", "more than once"),
+    (_set("queues.0.subnet_ids", [SUBNET_A, SUBNET_B]), "queues[0].subnet_ids", "EFA queue"),
+    (_set("queues.0.capacity_type", "CHEAP"), "queues[0].capacity_type", "one of"),
+    (_set("queues.0.ami", "ami-1"), "queues[0].ami", "invalid AMI id"),
+    (_set("queues.0.compute_resources", []), "queues[0].compute_resources", "at least 1"),
+    (
+        _set(f"{CR}.instance_type", "p9.96xlarge"),
+        "queues[0].compute_resources[0].instance_type",
+        "unknown instance",
+    ),
+    (_without(f"{CR}.max_count"), "queues[0].compute_resources[0].max_count", "missing"),
+    (_set(f"{CR}.max_count", 0), "queues[0].compute_resources[0].max_count", "at least 1"),
+    (_set(f"{CR}.max_count", "4"), "queues[0].compute_resources[0].max_count", "integer"),
+    (_set(f"{CR}.max_count", True), "queues[0].compute_resources[0].max_count", "integer"),
+    (_set(f"{CR}.min_count", 5), "queues[0].compute_resources[0].min_count", "greater than max_count 4"),
+    (_set(f"{CR}.min_count", -1), "queues[0].compute_resources[0].min_count", "at least 0"),
+    (_set(f"{CR}.count", 1), "queues[0].compute_resources[0]", "unknown key"),
+    (_set(f"{FSX}.deployment_type", "FAST"), f"{FSX}.deployment_type", "one of"),
+    (_set(f"{FSX}.storage_capacity", 1000), f"{FSX}.storage_capacity", "1,200 GB or increments of 2,400"),
+    (
+        _without(f"{FSX}.per_unit_storage_throughput"),
+        f"{FSX}.per_unit_storage_throughput",
+        "must be specified",
+    ),
+    (
+        _set(f"{FSX}.per_unit_storage_throughput", 300),
+        f"{FSX}.per_unit_storage_throughput",
+        "following values",
+    ),
+    (_without(f"{FSX}.storage_capacity"), FSX, "give file_system_id"),
+    (_set(f"{FSX}.file_system_id", "fs-0123456789abcdef0"), f"{FSX}.file_system_id", "takes no"),
+    (_set(FSX, {"file_system_id": "fs-123"}), f"{FSX}.file_system_id", "not an FSx file system id"),
+    (
+        _set(
+            FSX,
+            {"storage_capacity": 1200, "deployment_type": "SCRATCH_2", "per_unit_storage_throughput": 200},
+        ),
+        f"{FSX}.per_unit_storage_throughput",
+        "only be used",
+    ),
+    (_set("slurm", {"custom_settings": ["PrivateData=cloud"]}), "slurm.custom_settings[0]", "mapping"),
+]
+
+
+@pytest.mark.parametrize(("edit", "field", "fragment"), BAD_SPECS)
+def test_malformed_spec_names_the_field(edit: Any, field: str, fragment: str) -> None:
+    spec = base_spec()
+    edit(spec)
+    with pytest.raises(UserError) as info:
+        generate(spec)
+    message = str(info.value)
+    assert message.startswith(f"cluster spec: {field}: "), message
+    assert fragment in message
+
+
+def test_new_fsx_needs_single_subnet_queues() -> None:
+    spec = base_spec()
+    no_efa = next(t for t in instance_types.all_types().values() if t.efa_interfaces == 0)
+    spec["queues"][0] = {
+        "name": "cpu",
+        "subnet_ids": [SUBNET_A, SUBNET_B],
+        "compute_resources": [{"instance_type": no_efa.name, "max_count": 1}],
+    }
+    with pytest.raises(
+        UserError, match=r"queues\[0\]\.subnet_ids: a new FSx file system needs single-subnet"
+    ):
+        generate(spec)
+
+
+def test_duplicate_names_are_rejected() -> None:
+    spec = base_spec()
+    spec["queues"].append(copy.deepcopy(spec["queues"][0]))
+    with pytest.raises(UserError, match=r"queues: queue name\(s\) gpu repeat"):
+        generate(spec)
+    spec = base_spec()
+    spec["queues"][0]["compute_resources"].append({"instance_type": "p5.48xlarge", "max_count": 1})
+    with pytest.raises(UserError, match=r"compute_resources: compute resource name\(s\) p5-48xlarge repeat"):
+        generate(spec)
+
+
+def test_spec_must_be_a_mapping() -> None:
+    with pytest.raises(UserError, match="must be a mapping"):
+        generate(["not", "a", "spec"])  # type: ignore[arg-type]

@@ -1,0 +1,173 @@
+"""gpuforge.pcluster.validate: aws-parallelcluster's own schema, run offline (no AWS, not even moto)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import botocore.client
+import pytest
+
+from gpuforge.errors import UserError
+from gpuforge.pcluster.validate import error_lines, supported_regions, validate
+
+
+@pytest.fixture(autouse=True)
+def no_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Fail any boto3 API call: schema validation must not reach AWS (or its moto double)."""
+    calls: list[str] = []
+
+    def refuse(self: Any, operation: str, params: Any) -> Any:
+        calls.append(operation)
+        raise AssertionError(f"validate() called AWS: {operation}")
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refuse)
+    yield calls
+    assert calls == []
+
+
+def valid_config() -> dict[str, Any]:
+    """A hand-written ParallelCluster 3 config using the sections gpuforge generates, plus login nodes."""
+    subnet = "subnet-0123456789abcdef0"
+    return {
+        "Region": "us-west-2",
+        "Image": {"Os": "ubuntu2204", "CustomAmi": "ami-0123456789abcdef0"},
+        "HeadNode": {
+            "InstanceType": "c5.2xlarge",
+            "Networking": {"SubnetId": subnet},
+            "Ssh": {"KeyName": "gpuforge"},
+            "CustomActions": {
+                "OnNodeConfigured": {"Script": "s3://bucket/pull.sh", "Args": ["-t", "configure"]}
+            },
+        },
+        "LoginNodes": {
+            "Pools": [
+                {
+                    "Name": "login",
+                    "InstanceType": "c5.large",
+                    "Count": 1,
+                    "Networking": {"SubnetIds": [subnet]},
+                    "Image": {"CustomAmi": "ami-0123456789abcdef1"},
+                }
+            ]
+        },
+        "Scheduling": {
+            "Scheduler": "slurm",
+            "SlurmSettings": {"CustomSlurmSettings": [{"PrivateData": "cloud"}]},
+            "SlurmQueues": [
+                {
+                    "Name": "gpu",
+                    "ComputeResources": [
+                        {
+                            "Name": "p5",
+                            "InstanceType": "p5.48xlarge",
+                            "MinCount": 0,
+                            "MaxCount": 2,
+                            "Efa": {"Enabled": True},
+                            "HealthChecks": {"Gpu": {"Enabled": True}},
+                        }
+                    ],
+                    "Networking": {"SubnetIds": [subnet], "PlacementGroup": {"Enabled": True}},
+                }
+            ],
+        },
+        "SharedStorage": [
+            {
+                "Name": "fsx",
+                "StorageType": "FsxLustre",
+                "MountDir": "/fsx",
+                "FsxLustreSettings": {"FileSystemId": "fs-0123456789abcdef0"},
+            }
+        ],
+    }
+
+
+def test_accepts_a_correct_config() -> None:
+    config = valid_config()
+    before = copy.deepcopy(config)
+    validate(config)
+    assert config == before, "validation leaves the config untouched"
+
+
+def test_rejects_missing_scheduling_and_misspelt_key() -> None:
+    config = valid_config()
+    del config["Scheduling"]
+    config["HeadNode"]["InstanceTyp"] = config["HeadNode"].pop("InstanceType")
+    with pytest.raises(UserError) as info:
+        validate(config)
+    message = str(info.value)
+    assert "Scheduling: Missing data for required field." in message
+    assert "HeadNode.InstanceTyp: Unknown field." in message
+    assert "HeadNode.InstanceType: Missing data for required field." in message
+
+
+def test_error_paths_name_list_items() -> None:
+    config = valid_config()
+    resource = config["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]
+    resource["MaxCount"] = 0
+    resource["Efa"]["Enabled"] = "sometimes"
+    config["SharedStorage"][0]["FsxLustreSettings"]["FileSystemId"] = "fs-1"
+    with pytest.raises(UserError) as info:
+        validate(config)
+    message = str(info.value)
+    assert "Scheduling.SlurmQueues[0].ComputeResources[0].MaxCount:" in message
+    assert "Scheduling.SlurmQueues[0].ComputeResources[0].Efa.Enabled: Not a valid boolean." in message
+    assert (
+        "SharedStorage[0].FsxLustreSettings.FileSystemId: String does not match expected pattern." in message
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("Image", "Os"), "windows"),
+        (("Image", "CustomAmi"), "ami-xyz"),
+        (("HeadNode", "Networking", "SubnetId"), "sn-123"),
+        (("Scheduling", "Scheduler"), "pbs"),
+    ],
+)
+def test_rejects_bad_values(path: tuple[str, ...], value: str) -> None:
+    config = valid_config()
+    target = config
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(UserError, match=".".join(path)):
+        validate(config)
+
+
+def test_region_comes_from_the_config_and_env_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    validate(valid_config())
+    assert os.environ["AWS_DEFAULT_REGION"] == "eu-west-1"
+
+
+def test_missing_region_falls_back_to_env_or_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = valid_config()
+    del config["Region"]
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    validate(config)
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with pytest.raises(UserError, match="no Region"):
+        validate(config)
+    assert "AWS_DEFAULT_REGION" not in os.environ
+
+
+def test_rejects_an_unsupported_region() -> None:
+    config = valid_config()
+    config["Region"] = "mars-north-1"
+    with pytest.raises(UserError, match="not a region ParallelCluster supports"):
+        validate(config)
+
+
+def test_supported_regions_come_from_the_package() -> None:
+    regions = supported_regions()
+    assert {"us-east-1", "us-west-2", "eu-west-1"} <= regions
+    assert all(r and r == r.strip() for r in regions)
+
+
+def test_error_lines_flatten_nested_messages() -> None:
+    messages = {"A": {0: {"B": ["bad"]}, "_schema": ["whole A"]}, "C": ["missing"]}
+    assert error_lines(messages) == ["A[0].B: bad", "A: whole A", "C: missing"]
