@@ -1,0 +1,119 @@
+"""`gpuforge lab ...`: the local lab of real hosts plus an emulated EC2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Any
+
+from gpuforge.errors import UserError
+from gpuforge.lab import core, host, state
+
+DEFAULT_NAME = os.environ.get("GPUFORGE_LAB", "default")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    return value
+
+
+def register(sub: Any) -> None:
+    lab = sub.add_parser("lab", help="local lab: real Debian hosts over SSH and moto as EC2")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = lab_sub.add_parser(name, help=help_text)
+        parser.add_argument("--name", default=DEFAULT_NAME, help="lab name (default: %(default)s, or $GPUFORGE_LAB)")
+        return parser
+
+    p_up = add("up", "create the hosts, the package proxy and moto, and register the hosts as EC2 instances")
+    p_up.add_argument("--nodes", type=_positive, default=3, help="hosts: 1 head node + N-1 compute (default 3)")
+    p_up.add_argument("--moto-port", type=_positive, default=5000, help="loopback port for moto_server")
+    p_up.add_argument("--no-ec2", action="store_true", help="hosts only, no moto (what Molecule uses)")
+    p_up.add_argument("--cluster-name", default="lab", help="value of the parallelcluster:cluster-name tag")
+    p_up.add_argument("--compute-type", default="p5.48xlarge", help="instance type recorded for compute nodes")
+    p_up.add_argument("--json", action="store_true", help="print the lab state as JSON")
+    p_up.set_defaults(handler=_up)
+
+    p_down = add("down", "stop and remove every host, mount, namespace and process of the lab")
+    p_down.set_defaults(handler=_down)
+
+    p_status = add("status", "show hosts, their reachability and the emulated AWS endpoint")
+    p_status.add_argument("--json", action="store_true")
+    p_status.set_defaults(handler=_status)
+
+    p_env = add("env", "print shell exports for Ansible/boto3 against the lab: eval \"$(gpuforge lab env)\"")
+    p_env.set_defaults(handler=_env)
+
+    p_ssh = add("ssh", "open SSH to a lab host, or run a command there")
+    p_ssh.add_argument("host", help="host name or IP (see lab status)")
+    p_ssh.add_argument("remote", nargs=argparse.REMAINDER, help="command to run")
+    p_ssh.set_defaults(handler=_ssh)
+
+
+def _up(args: argparse.Namespace) -> int:
+    spec = core.LabSpec(
+        name=args.name, nodes=args.nodes, cluster_name=args.cluster_name, compute_type=args.compute_type,
+        moto_port=None if args.no_ec2 else args.moto_port,
+    )
+    lab = core.up(spec)
+    if args.json:
+        print(json.dumps(core.status(lab.name), indent=2))
+    else:
+        print(f"lab {lab.name!r} is up: {len(lab.hosts)} hosts on {lab.subnet_prefix}.0/24")
+        _print_hosts(core.status(lab.name))
+        print(f'next: eval "$(gpuforge lab env --name {lab.name})" && ansible all -m ping')
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    if core.down(args.name):
+        print(f"lab {args.name!r} is down")
+    else:
+        print(f"lab {args.name!r} was not up; nothing to do")
+    return 0
+
+
+def _print_hosts(info: dict[str, Any]) -> None:
+    print(f"{'HOST':28} {'IP':14} {'ROLE':9} {'TYPE':14} {'INSTANCE':21} STATE")
+    for node in info["hosts"]:
+        health = "ssh-ok" if node["ssh"] else ("running" if node["running"] else "stopped")
+        print(f"{node['name']:28} {node['ip']:14} {node['role']:9} {node['instance_type']:14} "
+              f"{node['instance_id'] or '-':21} {health}")
+    if info["moto_url"]:
+        print(f"emulated AWS (moto): {info['moto_url']} {'running' if info['moto_running'] else 'STOPPED'}")
+    print(f"ssh: user {info['ssh_user']}, key {info['ssh_key']}; state: {info['state_file']}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    info = core.status(args.name)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_hosts(info)
+    healthy = all(n["ssh"] for n in info["hosts"]) and (info["moto_running"] or not info["moto_url"])
+    return 0 if healthy else 1
+
+
+def _env(args: argparse.Namespace) -> int:
+    for key, value in core.env_exports(args.name).items():
+        print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+def _ssh(args: argparse.Namespace) -> int:
+    lab = state.load(state.validate_name(args.name))
+    if lab is None:
+        raise UserError(f"lab {args.name!r} is not up")
+    matches = [h for h in lab.hosts if args.host in (h.name, h.ip, h.instance_id)]
+    if not matches:
+        raise UserError(f"no host {args.host!r} in lab {args.name!r}; hosts: {', '.join(h.name for h in lab.hosts)}")
+    cmd = host.ssh_command(lab, matches[0], *args.remote, connect_timeout=5)
+    sys.stdout.flush()
+    os.execvp(cmd[0], cmd)

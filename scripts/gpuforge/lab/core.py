@@ -1,0 +1,229 @@
+"""`lab up` / `lab down` / `lab status`: orchestrate rootfs, network, hosts, proxy and moto."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuforge import instance_types
+from gpuforge.errors import UserError
+from gpuforge.lab import ec2, host, network, rootfs, state, system
+from gpuforge.lab.moto import MotoServer, port_in_use
+from gpuforge.lab.state import HostState, LabState
+
+log = logging.getLogger(__name__)
+
+MAX_NODES = 64
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    name: str
+    nodes: int
+    cluster_name: str = "lab"
+    head_type: str = "c5n.large"
+    compute_type: str = "p5.48xlarge"
+    queue: str = "gpu"
+    moto_port: int | None = 5000  # None: no emulated EC2 (Molecule only needs hosts).
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    root = state.lab_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _plan_hosts(spec: LabSpec, prefix: str) -> list[HostState]:
+    hosts = []
+    head_ip = f"{prefix}.10"
+    # ParallelCluster keeps EC2's ip-a-b-c-d name on the head node and names compute nodes
+    # after their Slurm node (<queue>-st-<compute-resource>-<n>); the lab does the same.
+    hosts.append(HostState(name="ip-" + head_ip.replace(".", "-"), ip=head_ip, role="HeadNode",
+                           instance_type=spec.head_type))
+    resource = spec.compute_type.replace(".", "-")
+    for number in range(1, spec.nodes):
+        hosts.append(HostState(
+            name=f"{spec.queue}-st-{resource}-{number}", ip=f"{prefix}.{10 + number}", role="Compute",
+            instance_type=spec.compute_type, queue=spec.queue, compute_resource=resource,
+        ))
+    return hosts
+
+
+def _validate(spec: LabSpec) -> None:
+    state.validate_name(spec.name)
+    if not 1 <= spec.nodes <= MAX_NODES:
+        raise UserError(f"--nodes must be between 1 and {MAX_NODES}, got {spec.nodes}")
+    instance_types.get(spec.head_type)
+    instance_types.get(spec.compute_type)
+
+
+def _alive(lab: LabState) -> bool:
+    return any(system.pid_alive(h.pid, h.netns) for h in lab.hosts) or system.pid_alive(lab.moto_pid, "motoserver")
+
+
+def up(spec: LabSpec) -> LabState:
+    system.require_root_and_tools()
+    _validate(spec)
+    with _locked():
+        existing = state.load(spec.name)
+        if existing is not None:
+            if _alive(existing):
+                raise UserError(
+                    f"lab {spec.name!r} is already up with {len(existing.hosts)} hosts; "
+                    f"run `gpuforge lab down --name {spec.name}` first"
+                )
+            raise UserError(
+                f"lab {spec.name!r} has state from an earlier run that is no longer running; "
+                f"clean it with `gpuforge lab down --name {spec.name}`"
+            )
+        if spec.moto_port is not None and port_in_use(spec.moto_port):
+            raise UserError(
+                f"port {spec.moto_port} on 127.0.0.1 is already in use, so moto cannot start; "
+                "stop what holds it or pass --moto-port PORT"
+            )
+        lower = rootfs.ensure_rootfs()
+        index = state.allocate_index()
+        prefix = f"10.213.{index}"
+        directory = state.lab_root() / spec.name
+        lab = LabState(
+            name=spec.name, index=index, cluster_name=spec.cluster_name, subnet_prefix=prefix,
+            bridge=network.bridge_name(index), ssh_user=rootfs.SSH_USER, ssh_key=str(directory / "ssh" / "id_ed25519"),
+            hosts=_plan_hosts(spec, prefix),
+        )
+        state.save(lab)
+        try:
+            _bring_up(lab, lower, spec.moto_port)
+        except BaseException:
+            log.error("lab up failed; tearing down what was created")
+            _tear_down(lab)
+            raise
+        return lab
+
+
+def _bring_up(lab: LabState, lower: Path, moto_port: int | None) -> None:
+    key = Path(lab.ssh_key)
+    key.parent.mkdir(parents=True, exist_ok=True)
+    if not key.exists():
+        system.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpuforge-lab-{lab.name}", "-f", str(key)])
+    public_key = key.with_suffix(".pub").read_text()
+    network.create_bridge(lab.bridge, lab.gateway)
+    lab.proxy_port = host.PROXY_PORT
+    lab.proxy_pid = _start_proxy(lab)
+    for number, node in enumerate(lab.hosts):
+        node.netns = f"gpuforge-{lab.name}-{number}"
+        node.veth = network.veth_name(lab.index, number)
+        network.create_host_link(node.netns, node.veth, lab.bridge, node.ip)
+        root = host.mount_overlay(lab, node, lower)
+        host.personalise(lab, node, root, public_key)
+        node.pid = host.boot(lab, node, root)
+        state.save(lab)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda n: host.wait_ssh(lab, n), lab.hosts))
+    if moto_port is not None:
+        server = MotoServer(port=moto_port, log_path=lab.directory / "logs" / "moto.log")
+        server.start()
+        lab.moto_port = moto_port
+        lab.moto_pid = server.process.pid if server.process else None
+        state.save(lab)
+        with _env(server.env()):
+            ec2.register(lab)
+    state.save(lab)
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _start_proxy(lab: LabState) -> int:
+    log_path = lab.directory / "logs" / "proxy.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cache = state.cache_root() / "packages"
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuforge.lab.aptproxy", "--listen", lab.gateway, "--port", str(lab.proxy_port),
+             "--cache", str(cache)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    return proc.pid
+
+
+def down(name: str) -> bool:
+    """Remove every process, mount, namespace and file of the lab; False if there was none."""
+    system.require_root_and_tools()
+    state.validate_name(name)
+    with _locked():
+        lab = state.load(name)
+        if lab is None:
+            return False
+        _tear_down(lab)
+        return True
+
+
+def _tear_down(lab: LabState) -> None:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda n: host.stop(lab, n), lab.hosts))
+    for node in lab.hosts:
+        if node.netns:
+            network.delete_host_link(node.netns, node.veth)
+    system.stop_process(lab.moto_pid, "motoserver")
+    system.stop_process(lab.proxy_pid, "aptproxy")
+    network.delete_bridge(lab.bridge)
+    shutil.rmtree(lab.directory, ignore_errors=True)
+
+
+def status(name: str) -> dict[str, Any]:
+    state.validate_name(name)
+    lab = state.load(name)
+    if lab is None:
+        raise UserError(f"lab {name!r} is not up; start it with `gpuforge lab up --name {name}`")
+    hosts = []
+    for node in lab.hosts:
+        running = system.pid_alive(node.pid, node.netns)
+        hosts.append({**node.__dict__, "running": running, "ssh": running and host.ssh_ok(lab, node)})
+    return {
+        **lab.to_json(),
+        "hosts": hosts,
+        "state_file": str(state.state_path(name)),
+        "moto_running": system.pid_alive(lab.moto_pid, "motoserver"),
+        "proxy_running": system.pid_alive(lab.proxy_pid, "aptproxy"),
+        "moto_url": lab.moto_url,
+    }
+
+
+def env_exports(name: str) -> dict[str, str]:
+    """Environment for running Ansible and the CLI against this lab (see `gpuforge lab env`)."""
+    lab = state.load(state.validate_name(name))
+    if lab is None:
+        raise UserError(f"lab {name!r} is not up; start it with `gpuforge lab up --name {name}`")
+    values = {
+        "GPUFORGE_LAB": lab.name,
+        "ANSIBLE_PRIVATE_KEY_FILE": lab.ssh_key,
+        "ANSIBLE_REMOTE_USER": lab.ssh_user,
+        "GPUFORGE_CLUSTER_NAME": lab.cluster_name,
+    }
+    if lab.moto_url:
+        values.update(MotoServer(port=lab.moto_port or 0, log_path=Path("/dev/null")).env())
+    return values

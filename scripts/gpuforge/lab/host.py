@@ -1,0 +1,131 @@
+"""One lab host: an overlay on the cached rootfs, booted by systemd-nspawn in its own netns.
+
+systemd-nspawn gives each host a real systemd as PID 1 (services, handlers and
+`systemctl` behave as on EC2), its own hostname and its own network namespace, and it works
+without a Docker engine. The host's writable layer lives under the lab directory and is
+removed by `lab down`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from gpuforge.errors import ExternalError
+from gpuforge.lab import system
+from gpuforge.lab.rootfs import SSH_USER
+from gpuforge.lab.state import HostState, LabState
+
+log = logging.getLogger(__name__)
+
+PROXY_PORT = 3142
+
+
+def host_dir(lab: LabState, host: HostState) -> Path:
+    return lab.directory / "hosts" / host.name
+
+
+def _merged(lab: LabState, host: HostState) -> Path:
+    return host_dir(lab, host) / "rootfs"
+
+
+def mount_overlay(lab: LabState, host: HostState, lower: Path) -> Path:
+    base = host_dir(lab, host)
+    upper, work, merged = base / "upper", base / "work", base / "rootfs"
+    for path in (upper, work, merged):
+        path.mkdir(parents=True, exist_ok=True)
+    if not system.is_mounted(merged):
+        system.run([
+            "mount", "-t", "overlay", "overlay", "-o",
+            f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged),
+        ])
+    return merged
+
+
+def _uid_gid(root: Path, user: str) -> tuple[int, int]:
+    for line in (root / "etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == user:
+            return int(fields[2]), int(fields[3])
+    raise ExternalError(f"user {user} missing from the lab rootfs; rebuild it (delete the rootfs cache)")
+
+
+def personalise(lab: LabState, host: HostState, root: Path, public_key: str) -> None:
+    """Write what makes this host itself: name, identity, keys, peers, package proxy."""
+    (root / "etc/hostname").write_text(host.name + "\n")
+    peers = "\n".join(f"{h.ip}\t{h.name}" for h in lab.hosts)
+    (root / "etc/hosts").write_text(
+        f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n{lab.gateway}\tgpuforge-control\n{peers}\n"
+    )
+    machine_id = root / "etc/machine-id"
+    if not machine_id.read_text().strip():
+        machine_id.write_text(uuid.uuid4().hex + "\n")
+    if not (root / "etc/ssh/ssh_host_ed25519_key").exists():
+        system.run(["ssh-keygen", "-q", "-A", "-f", str(root)])
+    home = root / "home" / SSH_USER
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    keys = ssh_dir / "authorized_keys"
+    keys.write_text(public_key)
+    keys.chmod(0o600)
+    uid, gid = _uid_gid(root, SSH_USER)
+    for path in (ssh_dir, keys):
+        shutil.chown(path, uid, gid)
+    proxy = f"http://{lab.gateway}:{PROXY_PORT}"
+    (root / "etc/apt/apt.conf.d/01gpuforge-lab-proxy").write_text(
+        f'// The lab reaches Debian only through the control host\'s caching proxy.\nAcquire::http::Proxy "{proxy}";\n'
+    )
+    (root / "etc/pip.conf").write_text(f"[global]\nproxy = {proxy}\n")
+
+
+def boot(lab: LabState, host: HostState, root: Path) -> int:
+    log_path = lab.directory / "logs" / f"{host.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                "systemd-nspawn", "--quiet", "--boot", f"--directory={root}", f"--machine={host.netns}",
+                f"--hostname={host.name}", f"--network-namespace-path=/run/netns/{host.netns}",
+                "--register=no", "--keep-unit", "--console=passive", "--resolv-conf=off",
+                "--timezone=off", "--link-journal=no",
+            ],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    return proc.pid
+
+
+def ssh_command(lab: LabState, host: HostState, *remote: str, connect_timeout: int = 2) -> list[str]:
+    return [
+        "ssh", "-i", lab.ssh_key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+        "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", f"ConnectTimeout={connect_timeout}",
+        f"{lab.ssh_user}@{host.ip}", *remote,
+    ]
+
+
+def ssh_ok(lab: LabState, host: HostState) -> bool:
+    result = subprocess.run(ssh_command(lab, host, "true"), capture_output=True, check=False, timeout=15)
+    return result.returncode == 0
+
+
+def wait_ssh(lab: LabState, host: HostState, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not system.pid_alive(host.pid, host.netns):
+            raise ExternalError(f"host {host.name} stopped while booting; see {lab.directory}/logs/{host.name}.log")
+        if ssh_ok(lab, host):
+            return
+        time.sleep(0.3)
+    raise ExternalError(f"host {host.name} ({host.ip}) did not accept SSH within {timeout:.0f}s")
+
+
+def stop(lab: LabState, host: HostState) -> None:
+    system.stop_process(host.pid, host.netns)
+    merged = _merged(lab, host)
+    if system.is_mounted(merged):
+        result = system.run(["umount", str(merged)], check=False)
+        if result.returncode != 0:
+            system.run(["umount", "--lazy", str(merged)])

@@ -1,0 +1,89 @@
+"""Build (once) and cache the Debian root filesystem every lab host boots from.
+
+Hosts share this tree read-only as the lower layer of an overlay mount, so creating a host
+costs a mount and a boot (about a second), not a debootstrap (about a minute).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from pathlib import Path
+
+from gpuforge.lab import system
+from gpuforge.lab.state import cache_root
+
+log = logging.getLogger(__name__)
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+SSH_USER = "admin"  # Debian's cloud images use "admin"; ParallelCluster's Ubuntu images use "ubuntu".
+PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-apt", "sudo", "iproute2",
+    "iputils-ping", "ca-certificates", "gnupg", "procps", "kmod", "curl", "xz-utils", "less",
+)
+# Bump when the customisation below changes, so cached trees are rebuilt.
+_RECIPE_VERSION = "3"
+
+SOURCES = f"""\
+deb {MIRROR} {SUITE} main contrib non-free non-free-firmware
+deb {MIRROR} {SUITE}-updates main contrib non-free non-free-firmware
+deb http://deb.debian.org/debian-security {SUITE}-security main contrib non-free non-free-firmware
+"""
+SSHD_CONFIG = """\
+# gpuforge lab: keys only, no DNS lookups (the lab has no resolver).
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+"""
+# Timers that would take the apt lock at random moments and make runs flaky.
+_MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer")
+
+
+def recipe_key() -> str:
+    text = "|".join([SUITE, MIRROR, *PACKAGES, SOURCES, SSHD_CONFIG, *_MASKED_UNITS, _RECIPE_VERSION])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def rootfs_path() -> Path:
+    return cache_root() / "rootfs" / f"{SUITE}-{recipe_key()}"
+
+
+def ensure_rootfs() -> Path:
+    """Return the cached tree, building it first if this recipe was never built here."""
+    final = rootfs_path()
+    if (final / ".gpuforge-complete").exists():
+        return final
+    tmp = final.with_name(final.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building the lab rootfs with debootstrap (once; cached in %s)", final)
+    system.run(
+        ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(tmp), MIRROR]
+    )
+    _customise(tmp)
+    (tmp / ".gpuforge-complete").write_text(recipe_key() + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def _customise(root: Path) -> None:
+    (root / "etc/apt/sources.list").write_text(SOURCES)
+    (root / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/ssh/sshd_config.d/gpuforge-lab.conf").write_text(SSHD_CONFIG)
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()  # Every host gets its own keys at creation.
+    (root / "etc/machine-id").write_text("")
+    system.run(["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", "--groups", "sudo", SSH_USER])
+    sudoers = root / "etc/sudoers.d/90-gpuforge-lab"
+    sudoers.write_text(f"{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n")
+    sudoers.chmod(0o440)
+    for unit in _MASKED_UNITS:
+        link = root / "etc/systemd/system" / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/null")
+    system.run(["chroot", str(root), "apt-get", "clean"])

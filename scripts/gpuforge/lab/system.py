@@ -1,0 +1,80 @@
+"""Thin, logged wrappers around the host commands the lab runs (ip, mount, ssh-keygen...)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuforge.errors import ExternalError, UserError
+
+log = logging.getLogger(__name__)
+
+REQUIRED_TOOLS = {
+    "systemd-nspawn": "systemd-container",
+    "debootstrap": "debootstrap",
+    "ip": "iproute2",
+    "ssh-keygen": "openssh-client",
+    "ssh": "openssh-client",
+}
+
+
+def run(cmd: Sequence[str], *, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    log.debug("run: %s", " ".join(cmd))
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, input=input_text, check=False)
+    if check and proc.returncode != 0:
+        raise ExternalError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def require_root_and_tools() -> None:
+    if os.geteuid() != 0:
+        raise UserError("the lab needs root: it creates network namespaces, overlay mounts and containers")
+    missing = sorted({pkg for tool, pkg in REQUIRED_TOOLS.items() if shutil.which(tool) is None})
+    if missing:
+        raise UserError(f"missing tools for the lab; install them with: apt-get install -y {' '.join(missing)}")
+
+
+def is_mounted(path: Path) -> bool:
+    target = str(path.resolve())
+    with Path("/proc/self/mounts").open() as mounts:
+        return any(line.split()[1] == target for line in mounts)
+
+
+def pid_alive(pid: int | None, marker: str | None = None) -> bool:
+    """True if pid runs and, when marker is given, its command line contains it (guards pid reuse)."""
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    if state == "Z":
+        return False
+    return marker is None or marker in cmdline
+
+
+def stop_process(pid: int | None, marker: str, timeout: float = 20.0) -> None:
+    """SIGTERM, wait, then SIGKILL; a no-op when the process is already gone."""
+    if not pid_alive(pid, marker):
+        return
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid, marker):
+            return
+        time.sleep(0.2)
+    log.warning("pid %s (%s) ignored SIGTERM for %.0fs; killing it", pid, marker, timeout)
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(50):
+        if not pid_alive(pid, marker):
+            return
+        time.sleep(0.1)
+    raise ExternalError(f"process {pid} ({marker}) would not die")
