@@ -37,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    # boto's own INFO lines (credential and endpoint discovery) are noise to a CLI user.
+    for noisy in ("botocore", "boto3", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     handler: Handler = args.handler
     try:
         return handler(args)
