@@ -99,8 +99,9 @@ def test_set_custom_ami_cluster_wide_returns_a_new_config() -> None:
 
 def test_set_custom_ami_warns_about_queues_with_their_own_ami(caplog: pytest.LogCaptureFixture) -> None:
     set_custom_ami(_config(), NEW_AMI)
-    assert "gpu" in caplog.text
-    assert "cpu" not in caplog.text
+    assert "queue gpu" in caplog.text
+    assert "the head node" in caplog.text
+    assert "queue cpu" not in caplog.text
 
 
 def test_set_custom_ami_per_queue() -> None:

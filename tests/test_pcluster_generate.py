@@ -268,3 +268,11 @@ def test_duplicate_names_are_rejected() -> None:
 def test_spec_must_be_a_mapping() -> None:
     with pytest.raises(UserError, match="must be a mapping"):
         generate(["not", "a", "spec"])  # type: ignore[arg-type]
+
+
+def test_docs_example_matches_the_generator() -> None:
+    """docs/cluster-spec.md shows a spec and its output; keep the page true."""
+    doc = (EXAMPLE.parents[1] / "docs" / "cluster-spec.md").read_text()
+    blocks = [yaml.safe_load(b.split("```", 1)[0]) for b in doc.split("```yaml\n")[1:]]
+    spec, expected = blocks[0], blocks[1]
+    assert generate(spec) == expected

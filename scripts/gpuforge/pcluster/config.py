@@ -114,12 +114,14 @@ def set_custom_ami(
         elif not isinstance(image, dict):
             raise UserError("the config's Image must be a mapping (Os, CustomAmi)")
         image["CustomAmi"] = ami_id
-        # A queue's own Image.CustomAmi wins over the cluster-wide one; say so rather than silently skip it.
-        pinned = [str(q.get("Name")) for q in _queues(patched) if _mapping(q.get("Image")).get("CustomAmi")]
+        # A node group's own Image.CustomAmi wins over the cluster-wide one; say so rather than skip it.
+        pinned = [
+            f"queue {q.get('Name')}" for q in _queues(patched) if custom_amis({"Image": q.get("Image")})
+        ]
+        if custom_amis({"Image": _mapping(patched.get("HeadNode")).get("Image")}):
+            pinned.insert(0, "the head node")
         if pinned:
-            LOG.warning(
-                "queues %s keep their own Image.CustomAmi; use --queue to change them", ", ".join(pinned)
-            )
+            LOG.warning("%s keep their own Image.CustomAmi (queues: use --queue)", ", ".join(pinned))
         return patched
     if isinstance(queues, str):
         raise TypeError("queues must be a sequence of queue names, not a string")
