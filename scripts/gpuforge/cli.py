@@ -15,6 +15,7 @@ from gpuforge.errors import ExternalError, UserError
 _COMMAND_MODULES = (
     "gpuforge.lab.cli",
     "gpuforge.pcluster.cli",
+    "gpuforge.preflight.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

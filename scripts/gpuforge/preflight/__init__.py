@@ -1,0 +1,1 @@
+"""Preflight: read-only AWS checks that a GPU cluster is ready to run EFA/NCCL jobs."""
