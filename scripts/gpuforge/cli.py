@@ -16,6 +16,7 @@ _COMMAND_MODULES = (
     "gpuforge.lab.cli",
     "gpuforge.pcluster.cli",
     "gpuforge.preflight.cli",
+    "gpuforge.ami.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

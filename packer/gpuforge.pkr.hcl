@@ -1,0 +1,121 @@
+# The golden AMI build: one amazon-ebs source for both base flavors and a null source that runs
+# the very same provisioners over SSH against a lab host (gpuforge bake --local).
+# Plugin and Packer version requirements live in plugins.pkr.hcl.modern (see docs/ami-pipeline.md),
+# because Packer 1.6 rejects required_plugins.
+
+locals {
+  # One timestamp per run, shared by the AMI name and the build-time tag.
+  build_time = formatdate("YYYYMMDDhhmmss", timestamp())
+  image_name = "${var.image_name_prefix}-${var.flavor}-${local.build_time}-${var.git_revision}"
+
+  # Tags every artifact carries: the versions manifest (from gpuforge), provenance, and the base image.
+  # Packer renders {{ .SourceAMI }} and {{ .SourceAMIName }} from the image it actually launched.
+  image_tags = merge(var.image_tags, {
+    "Name"                     = local.image_name
+    "gpuforge:flavor"          = var.flavor
+    "gpuforge:git-revision"    = var.git_revision
+    "gpuforge:build-id"        = var.build_id
+    "gpuforge:build-time"      = local.build_time
+    "gpuforge:source-ami-id"   = "{{ .SourceAMI }}"
+    "gpuforge:source-ami-name" = "{{ .SourceAMIName }}"
+  })
+
+  # A fallback filter only when gpuforge did not resolve the base AMI itself.
+  source_ami_filters = var.source_ami == "" ? [var.source_ami_name_filter] : []
+
+  ansible_extra_vars = var.ansible_extra_vars_file == "" ? [] : ["-e", "@${var.ansible_extra_vars_file}"]
+}
+
+source "amazon-ebs" "gpu" {
+  region                  = var.region
+  instance_type           = var.instance_type
+  source_ami              = var.source_ami
+  ssh_username            = var.ssh_username
+  subnet_id               = var.subnet_id
+  iam_instance_profile    = var.iam_instance_profile
+  ami_name                = local.image_name
+  ami_description         = "gpuforge ${var.flavor} GPU image built from ${var.git_revision}"
+  ami_virtualization_type = "hvm"
+  ena_support             = true
+
+  dynamic "source_ami_filter" {
+    for_each = local.source_ami_filters
+    content {
+      filters = {
+        name                = source_ami_filter.value
+        architecture        = "x86_64"
+        virtualization-type = "hvm"
+        root-device-type    = "ebs"
+      }
+      owners      = ["amazon"]
+      most_recent = true
+    }
+  }
+
+  # The root volume is gp3 and encrypted from launch, so no unencrypted snapshot ever exists.
+  encrypt_boot = true
+  kms_key_id   = var.kms_key_id
+  launch_block_device_mappings {
+    device_name           = "/dev/sda1"
+    volume_size           = var.root_volume_size_gib
+    volume_type           = "gp3"
+    iops                  = 3000
+    throughput            = 250
+    encrypted             = true
+    kms_key_id            = var.kms_key_id
+    delete_on_termination = true
+  }
+
+  tags          = local.image_tags
+  snapshot_tags = local.image_tags
+  run_tags = {
+    "Name"              = "gpuforge-bake-${var.build_id}"
+    "gpuforge:build-id" = var.build_id
+  }
+}
+
+source "null" "lab" {
+  communicator         = "ssh"
+  ssh_host             = var.lab_host
+  ssh_port             = var.lab_port
+  ssh_username         = var.lab_username
+  ssh_private_key_file = var.lab_private_key_file
+  ssh_agent_auth       = var.lab_private_key_file == ""
+}
+
+build {
+  sources = ["source.amazon-ebs.gpu", "source.null.lab"]
+
+  # Ansible connects to the host directly (no Packer SSH proxy), the same way it reaches the fleet.
+  provisioner "ansible" {
+    playbook_file = "${var.repo_root}/playbooks/bake.yml"
+    use_proxy     = false
+    user          = source.name == "lab" ? var.lab_username : var.ssh_username
+    extra_arguments = concat([
+      "--tags", "install",
+      "-e", "gpuforge_bake_flavor=${var.flavor}",
+    ], local.ansible_extra_vars)
+    ansible_env_vars = [
+      "ANSIBLE_CONFIG=${var.repo_root}/ansible.cfg",
+      "ANSIBLE_ROLES_PATH=${var.repo_root}/roles",
+      "ANSIBLE_HOST_KEY_CHECKING=False",
+    ]
+  }
+
+  # Last step: leave nothing host-specific or secret in the image.
+  provisioner "shell" {
+    script          = "${var.repo_root}/packer/scripts/sanitize.sh"
+    execute_command = "chmod +x {{ .Path }}; sudo -n env {{ .Vars }} {{ .Path }}"
+  }
+
+  post-processor "manifest" {
+    output     = var.manifest_path
+    strip_path = true
+    custom_data = {
+      flavor        = var.flavor
+      build_id      = var.build_id
+      git_revision  = var.git_revision
+      versions_hash = lookup(var.image_tags, "gpuforge:versions-hash", "")
+    }
+  }
+}

@@ -1,0 +1,157 @@
+# Inputs of the golden AMI build. `gpuforge bake` sets every one of them (resolving the base AMI
+# with boto3 and the tags from versions.yml); the defaults only let `packer validate` run alone.
+# Packer 1.6 has no regex() or can(), so validations use substr/length/contains.
+
+variable "repo_root" {
+  type        = string
+  default     = "."
+  description = "Absolute path of the gpuforge checkout (playbooks/ and packer/scripts/ are read from it)."
+}
+
+variable "flavor" {
+  type        = string
+  default     = "dlami"
+  description = "Base image flavor: dlami (Deep Learning Base GPU AMI) or pcluster (official ParallelCluster AMI)."
+  validation {
+    condition     = contains(["dlami", "pcluster"], var.flavor)
+    error_message = "The flavor must be dlami or pcluster."
+  }
+}
+
+variable "region" {
+  type        = string
+  default     = "us-east-1"
+  description = "AWS region the builder instance runs in and the AMI is registered in."
+  validation {
+    condition     = length(var.region) >= 9 && length(split("-", var.region)) >= 3
+    error_message = "The region must be an AWS region name such as us-east-1."
+  }
+}
+
+variable "source_ami" {
+  type        = string
+  default     = ""
+  description = "Base AMI id resolved by gpuforge; empty falls back to source_ami_name_filter (owner amazon)."
+  validation {
+    condition     = var.source_ami == "" || (substr(var.source_ami, 0, 4) == "ami-" && contains([12, 21], length(var.source_ami)))
+    error_message = "The source_ami must be an AMI id such as ami-0123456789abcdef0, or empty."
+  }
+}
+
+variable "source_ami_name_filter" {
+  type        = string
+  default     = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
+  description = "Name filter (owner amazon, newest wins) used only when source_ami is empty."
+}
+
+variable "instance_type" {
+  type        = string
+  default     = "g5.2xlarge"
+  description = "Builder instance type; a GPU type lets the bake load the driver it installs."
+  validation {
+    condition     = length(split(".", var.instance_type)) == 2
+    error_message = "The instance_type must look like g5.2xlarge."
+  }
+}
+
+variable "ssh_username" {
+  type        = string
+  default     = "ubuntu"
+  description = "Login user of the base AMI (ubuntu for both Ubuntu 22.04 flavors)."
+}
+
+variable "subnet_id" {
+  type        = string
+  default     = ""
+  description = "Subnet for the builder instance; empty uses the default VPC."
+}
+
+variable "iam_instance_profile" {
+  type        = string
+  default     = ""
+  description = "Instance profile for the builder (e.g. to read artifacts from S3); empty for none."
+}
+
+variable "root_volume_size_gib" {
+  type        = number
+  default     = 100
+  description = "Size of the encrypted gp3 root volume in GiB (the DLAMI needs at least 75)."
+  validation {
+    condition     = var.root_volume_size_gib >= 75 && var.root_volume_size_gib <= 16384
+    error_message = "The root_volume_size_gib must be between 75 and 16384."
+  }
+}
+
+variable "kms_key_id" {
+  type        = string
+  default     = ""
+  description = "KMS key for the encrypted root volume and AMI snapshots; empty uses the AWS-managed EBS key."
+}
+
+variable "image_name_prefix" {
+  type        = string
+  default     = "gpuforge"
+  description = "AMI names are <prefix>-<flavor>-<UTC timestamp>-<git revision>."
+  validation {
+    condition     = length(var.image_name_prefix) > 0 && length(var.image_name_prefix) <= 64
+    error_message = "The image_name_prefix must be 1 to 64 characters."
+  }
+}
+
+variable "git_revision" {
+  type        = string
+  default     = "unknown"
+  description = "Short git revision of the checkout that baked the image (goes into the name and tags)."
+  validation {
+    condition     = length(var.git_revision) > 0
+    error_message = "The git_revision must not be empty."
+  }
+}
+
+variable "build_id" {
+  type        = string
+  default     = "manual"
+  description = "Unique id of this bake (tag gpuforge:build-id) so a failed bake's leftovers can be found."
+}
+
+variable "image_tags" {
+  type        = map(string)
+  default     = {}
+  description = "Tags from versions.yml (every component version and gpuforge:versions-hash) and flavor extras."
+}
+
+variable "manifest_path" {
+  type        = string
+  default     = "packer/manifest.json"
+  description = "Where the manifest post-processor writes the artifact list gpuforge parses."
+}
+
+variable "ansible_extra_vars_file" {
+  type        = string
+  default     = ""
+  description = "Optional YAML/JSON file passed to ansible-playbook with -e @file."
+}
+
+variable "lab_host" {
+  type        = string
+  default     = "127.0.0.1"
+  description = "Lab host for the null source (gpuforge bake --local takes it from `gpuforge lab status`)."
+}
+
+variable "lab_port" {
+  type        = number
+  default     = 22
+  description = "SSH port of the lab host."
+}
+
+variable "lab_username" {
+  type        = string
+  default     = "admin"
+  description = "SSH user on the lab host (passwordless sudo)."
+}
+
+variable "lab_private_key_file" {
+  type        = string
+  default     = ""
+  description = "Private key for the lab host; empty uses the SSH agent."
+}

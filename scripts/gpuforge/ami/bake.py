@@ -1,0 +1,278 @@
+"""Bake a golden AMI (amazon-ebs) or a lab host (null source over SSH) with the same Packer build.
+
+A failed bake registers no image and moves no parameter: when Packer fails, or its result does not
+check out (no manifest, missing tags, never available), every image tagged with this bake's
+gpuforge:build-id is deregistered with its snapshots before the error is raised.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuforge import aws, paths, versions
+from gpuforge.ami import images
+from gpuforge.ami import manifest as packer_manifest
+from gpuforge.ami.packer import Packer, Progress, template_dir, write_var_file
+from gpuforge.errors import ExternalError, UserError
+
+LOG = logging.getLogger(__name__)
+
+AWS_SOURCE = "amazon-ebs.gpu"
+LAB_SOURCE = "null.lab"
+# ParallelCluster accepts a custom AMI only with these tags (see its cluster_validators).
+PCLUSTER_OS = "ubuntu2204"
+
+
+def installed_pcluster_version() -> str:
+    """The ParallelCluster release the images must match: the one this checkout creates clusters with."""
+    try:
+        return importlib.metadata.version("aws-parallelcluster")
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError("aws-parallelcluster is not installed; pass --pcluster-version") from None
+
+
+def git_revision(root: Path | None = None) -> str:
+    """Short revision of the checkout, with -dirty when it has uncommitted changes."""
+    root = root or paths.repo_root()
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{rev}-dirty" if dirty else rev
+
+
+def flavor_tags(manifest: versions.Manifest, flavor: str, pcluster_version: str) -> dict[str, str]:
+    """Tags gpuforge asks Packer to put on the image (the template adds provenance and the source AMI)."""
+    tags = manifest.image_tags()
+    if flavor == "pcluster":
+        tags.update(
+            {
+                "parallelcluster:version": pcluster_version,
+                "parallelcluster:build_status": "available",
+                "parallelcluster:os": PCLUSTER_OS,
+            }
+        )
+    return tags
+
+
+@dataclass
+class BakeOptions:
+    flavor: str = "dlami"
+    region: str | None = None
+    instance_type: str = "g5.2xlarge"
+    base_ami: str | None = None
+    base_parameter: str = images.DLAMI_PARAMETER
+    base_owner: str = images.AMAZON_OWNER
+    pcluster_version: str | None = None
+    subnet_id: str = ""
+    iam_instance_profile: str = ""
+    kms_key_id: str = ""
+    root_volume_size_gib: int = 100
+    extra_vars_file: Path | None = None
+    work_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.flavor not in images.FLAVORS:
+            raise UserError(f"unknown flavor {self.flavor!r}; choose one of {', '.join(images.FLAVORS)}")
+        if self.extra_vars_file is not None and not self.extra_vars_file.is_file():
+            raise UserError(f"extra vars file {self.extra_vars_file} does not exist")
+
+    @property
+    def the_region(self) -> str:
+        return self.region or aws.region()
+
+    @property
+    def the_pcluster_version(self) -> str:
+        return self.pcluster_version or installed_pcluster_version()
+
+
+@dataclass(frozen=True)
+class Run:
+    """Where one bake keeps its staged templates, variables, log and manifest."""
+
+    build_id: str
+    directory: Path
+
+    @classmethod
+    def new(cls, work_dir: Path | None) -> Run:
+        build_id = uuid.uuid4().hex[:12]
+        base = work_dir or paths.repo_root() / "build" / "ami"
+        directory = base / build_id
+        directory.mkdir(parents=True, exist_ok=True)
+        return cls(build_id, directory)
+
+    @property
+    def manifest(self) -> Path:
+        return self.directory / "manifest.json"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "packer.log"
+
+
+def resolve_base(options: BakeOptions) -> images.Image:
+    if options.base_ami:
+        return images.describe(options.base_ami, options.the_region)
+    return images.resolve_base(
+        options.flavor,
+        options.the_region,
+        pcluster_version=options.the_pcluster_version,
+        parameter=options.base_parameter,
+        owner=options.base_owner,
+    )
+
+
+def _tags(options: BakeOptions, manifest: versions.Manifest) -> dict[str, str]:
+    pcluster_version = options.the_pcluster_version if options.flavor == "pcluster" else ""
+    return flavor_tags(manifest, options.flavor, pcluster_version)
+
+
+def _common_variables(options: BakeOptions, run: Run, tags: dict[str, str]) -> dict[str, Any]:
+    return {
+        "repo_root": str(paths.repo_root()),
+        "flavor": options.flavor,
+        "git_revision": git_revision(),
+        "build_id": run.build_id,
+        "image_tags": tags,
+        "manifest_path": str(run.manifest),
+        "ansible_extra_vars_file": str(options.extra_vars_file or ""),
+    }
+
+
+def _run_packer(run: Run, variables: dict[str, Any], only: str) -> list[packer_manifest.Artifact]:
+    packer = Packer.find()
+    staged = packer.stage(template_dir(), run.directory)
+    var_file = write_var_file(run.directory / "variables.json", variables)
+    progress = Progress()
+    # Packer looks up ansible-playbook on PATH; the one next to this Python is the pinned one.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    LOG.info("packer %s build %s (log %s)", ".".join(map(str, packer.version)), run.build_id, run.log)
+    status = packer.build(staged, var_file, run.log, only=[only], on_line=progress, env={"PATH": path})
+    if status != 0:
+        detail = "\n  ".join(progress.errors[-5:]) or "no error message"
+        raise ExternalError(f"packer build failed with exit status {status}; see {run.log}:\n  {detail}")
+    return packer_manifest.last_run(run.manifest)
+
+
+def _discard(run: Run, region: str) -> None:
+    """Retire whatever this bake registered, so a failed bake leaves no image behind.
+
+    A failure here is logged, not raised, so the caller still sees why the bake failed.
+    """
+    try:
+        for image in images.images_with_build_id(run.build_id, region):
+            LOG.warning("discarding %s from failed bake %s", image.id, run.build_id)
+            images.deregister(image, region)
+    except (UserError, ExternalError) as exc:
+        LOG.error(
+            "could not discard the images of failed bake %s (tag %s): %s",
+            run.build_id,
+            images.BUILD_ID_TAG,
+            exc,
+        )
+
+
+def check_image(image: images.Image, expected: dict[str, str], base: images.Image) -> None:
+    """Packer must have tagged the image with every expected tag and launched the base we resolved."""
+    wrong = {k: v for k, v in expected.items() if image.tags.get(k) != v}
+    if wrong:
+        raise ExternalError(f"image {image.id} lacks the expected tags {sorted(wrong)}")
+    source = image.tags.get(images.SOURCE_AMI_TAG)
+    if source != base.id:
+        raise ExternalError(f"image {image.id} was built from {source}, not the resolved base {base.id}")
+
+
+def bake_aws(options: BakeOptions) -> images.Image:
+    """Bake and register one golden AMI; return it, available and IMDSv2-only."""
+    region = options.the_region
+    manifest = versions.load()
+    base = resolve_base(options)
+    tags = _tags(options, manifest)
+    run = Run.new(options.work_dir)
+    variables = {
+        **_common_variables(options, run, tags),
+        "region": region,
+        "source_ami": base.id,
+        "instance_type": options.instance_type,
+        "subnet_id": options.subnet_id,
+        "iam_instance_profile": options.iam_instance_profile,
+        "kms_key_id": options.kms_key_id,
+        "root_volume_size_gib": options.root_volume_size_gib,
+    }
+    try:
+        artifacts = _run_packer(run, variables, AWS_SOURCE)
+        ami_id = packer_manifest.image_in(artifacts, region)
+        images.wait_available(ami_id, region)
+        image = images.describe(ami_id, region)
+        check_image(image, tags, base)
+        images.require_imdsv2(ami_id, region)
+    except BaseException:
+        _discard(run, region)
+        raise
+    LOG.info("baked %s (%s) from %s", image.id, image.name, base.id)
+    return image
+
+
+@dataclass(frozen=True)
+class LabTarget:
+    host: str
+    ip: str
+    user: str
+    key: str
+
+
+def lab_target(lab_name: str, host: str | None = None) -> LabTarget:
+    """The lab host to bake, from `gpuforge lab status` (the lab module's status data)."""
+    from gpuforge.lab import core as lab_core
+
+    info = lab_core.status(lab_name)
+    hosts = info.get("hosts", [])
+    candidates = [h for h in hosts if host in (None, h.get("name"), h.get("ip"))]
+    if not candidates:
+        names = ", ".join(str(h.get("name")) for h in hosts) or "none"
+        raise UserError(f"lab {lab_name!r} has no host {host!r}; its hosts are: {names}")
+    chosen = candidates[0]
+    if not chosen.get("ssh"):
+        raise ExternalError(
+            f"lab host {chosen.get('name')} ({chosen.get('ip')}) does not answer SSH; "
+            f"see `gpuforge lab status --name {lab_name}`"
+        )
+    return LabTarget(str(chosen["name"]), str(chosen["ip"]), str(info["ssh_user"]), str(info["ssh_key"]))
+
+
+def bake_local(options: BakeOptions, target: LabTarget) -> Path:
+    """Run the same provisioners over SSH against a lab host; return the run directory.
+
+    No AWS call is made and nothing is registered: the lab host itself is the result (sanitized,
+    so its SSH keys are gone afterwards, exactly as in an image).
+    """
+    manifest = versions.load()
+    run = Run.new(options.work_dir)
+    variables = {
+        **_common_variables(options, run, _tags(options, manifest)),
+        "lab_host": target.ip,
+        "lab_username": target.user,
+        "lab_private_key_file": target.key,
+    }
+    artifacts = _run_packer(run, variables, LAB_SOURCE)
+    LOG.info("local bake %s of %s finished (%d build(s))", run.build_id, target.host, len(artifacts))
+    return run.directory

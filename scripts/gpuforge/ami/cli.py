@@ -1,0 +1,206 @@
+"""`gpuforge bake | rebuild | publish | prune`: the golden AMI pipeline's commands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from gpuforge import aws, versions
+from gpuforge.ami import bake, images, prune, publish
+from gpuforge.errors import UserError
+
+LOG = logging.getLogger(__name__)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--flavor", choices=images.FLAVORS, default="dlami", help="base image flavor")
+    parser.add_argument("--region", help="AWS region (default: AWS_REGION or us-east-1)")
+
+
+def _add_publish(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--parameter", help="SSM parameter to point at the image (default /gpuforge/ami/FLAVOR/latest)"
+    )
+    parser.add_argument(
+        "--cluster-config",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="ParallelCluster config to patch (Image.CustomAmi) and validate; repeatable",
+    )
+    parser.add_argument(
+        "--queue",
+        action="append",
+        metavar="NAME",
+        help="patch only this Slurm queue's Image.CustomAmi; repeatable",
+    )
+
+
+def _add_bake(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser)
+    _add_publish(parser)
+    parser.add_argument("--instance-type", default="g5.2xlarge", help="builder instance type")
+    parser.add_argument("--base-ami", help="bake on this AMI instead of resolving the newest base")
+    parser.add_argument(
+        "--base-parameter",
+        default=images.DLAMI_PARAMETER,
+        help="SSM parameter naming the DLAMI base (default: the public Deep Learning Base GPU AMI one)",
+    )
+    parser.add_argument(
+        "--base-owner", default=images.AMAZON_OWNER, help="owner of the ParallelCluster base AMI"
+    )
+    parser.add_argument(
+        "--pcluster-version", help="ParallelCluster release (default: the installed aws-parallelcluster)"
+    )
+    parser.add_argument("--subnet-id", default="", help="subnet for the builder (default VPC when empty)")
+    parser.add_argument("--iam-instance-profile", default="", help="instance profile for the builder")
+    parser.add_argument(
+        "--kms-key-id", default="", help="KMS key for the encrypted volumes (default: aws/ebs)"
+    )
+    parser.add_argument("--root-volume-size", type=_positive, default=100, metavar="GIB")
+    parser.add_argument(
+        "--extra-vars", type=Path, metavar="FILE", help="YAML/JSON vars for ansible-playbook -e @FILE"
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, help="where bakes keep templates, logs, manifests (default build/ami)"
+    )
+    parser.add_argument("--no-publish", action="store_true", help="register the image but do not publish it")
+
+
+def register(sub: Any) -> None:
+    p_bake = sub.add_parser("bake", help="bake a golden AMI with Packer (or a lab host with --local)")
+    _add_bake(p_bake)
+    p_bake.add_argument("--local", action="store_true", help="bake a lab host over SSH instead of an AMI")
+    p_bake.add_argument("--lab", default="bake", help="lab name for --local (see `gpuforge lab up`)")
+    p_bake.add_argument("--host", help="lab host name or IP for --local (default: the first)")
+    p_bake.set_defaults(handler=_bake)
+
+    p_rebuild = sub.add_parser(
+        "rebuild", help="bake a new AMI, with --if-stale only when base or versions changed"
+    )
+    _add_bake(p_rebuild)
+    p_rebuild.add_argument(
+        "--if-stale",
+        action="store_true",
+        help="rebuild only if the base AMI id or versions.yml hash differs from the newest image's tags",
+    )
+    p_rebuild.set_defaults(handler=_rebuild)
+
+    p_publish = sub.add_parser("publish", help="point the SSM parameter and cluster configs at an AMI")
+    _add_common(p_publish)
+    _add_publish(p_publish)
+    p_publish.add_argument("--ami", required=True, help="AMI id to publish")
+    p_publish.set_defaults(handler=_publish)
+
+    p_prune = sub.add_parser("prune", help="deregister old gpuforge AMIs and their snapshots")
+    _add_common(p_prune)
+    p_prune.add_argument("--keep", type=_positive, default=3, help="how many of the newest images to keep")
+    p_prune.add_argument(
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="SSM parameter whose AMI must stay (default /gpuforge/ami/FLAVOR/latest); repeatable",
+    )
+    p_prune.add_argument(
+        "--cluster-config",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="cluster config whose AMIs must stay; repeatable",
+    )
+    p_prune.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
+    p_prune.set_defaults(handler=_prune)
+
+
+def _options(args: argparse.Namespace) -> bake.BakeOptions:
+    return bake.BakeOptions(
+        flavor=args.flavor,
+        region=args.region,
+        instance_type=args.instance_type,
+        base_ami=args.base_ami,
+        base_parameter=args.base_parameter,
+        base_owner=args.base_owner,
+        pcluster_version=args.pcluster_version,
+        subnet_id=args.subnet_id,
+        iam_instance_profile=args.iam_instance_profile,
+        kms_key_id=args.kms_key_id,
+        root_volume_size_gib=args.root_volume_size,
+        extra_vars_file=args.extra_vars,
+        work_dir=args.work_dir,
+    )
+
+
+def _parameter(args: argparse.Namespace) -> str:
+    return str(args.parameter or publish.default_parameter(args.flavor))
+
+
+def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> int:
+    image = bake.bake_aws(options)
+    if not args.no_publish:
+        publish.publish(image.id, _parameter(args), args.cluster_config, args.queue, options.region)
+    print(image.id)
+    return 0
+
+
+def _bake(args: argparse.Namespace) -> int:
+    options = _options(args)
+    if args.local:
+        if args.cluster_config or args.parameter:
+            raise UserError(
+                "--local bakes a lab host and registers no image: drop --parameter/--cluster-config"
+            )
+        run_dir = bake.bake_local(options, bake.lab_target(args.lab, args.host))
+        print(run_dir)
+        return 0
+    return _bake_and_publish(args, options)
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    options = _options(args)
+    if args.if_stale:
+        base = bake.resolve_base(options)
+        newest = images.newest(images.gpuforge_images(options.flavor, options.region))
+        reason = images.stale_reason(newest, base, versions.load().digest)
+        if reason is None:
+            assert newest is not None
+            print(f"{newest.id} is current (base {base.id}, same versions manifest); not rebuilding")
+            return 0
+        LOG.info("rebuilding %s: %s", options.flavor, reason)
+    return _bake_and_publish(args, options)
+
+
+def _publish(args: argparse.Namespace) -> int:
+    publish.publish(args.ami, _parameter(args), args.cluster_config, args.queue, args.region)
+    print(args.ami)
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    parameters = args.parameter or [publish.default_parameter(args.flavor)]
+    result = prune.plan(args.flavor, args.keep, parameters, args.cluster_config, args.region)
+    region = args.region or aws.region()
+    for image in result.keep:
+        print(f"keep     {image.id}  {image.name}  (one of the newest {args.keep})")
+    for ami, why in sorted(result.protected.items()):
+        print(f"protect  {ami}  (used by {why})")
+    verb = "would delete" if args.dry_run else "delete"
+    for image in result.delete:
+        print(f"{verb:8} {image.id}  {image.name}  snapshots: {', '.join(image.snapshot_ids) or 'none'}")
+    if not args.dry_run:
+        prune.execute(result, region)
+    return 0

@@ -1,0 +1,221 @@
+"""EC2 image operations of the AMI pipeline: find the base image, list gpuforge images, retire them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError, WaiterError
+
+from gpuforge import aws
+from gpuforge.errors import ExternalError, UserError
+from gpuforge.pcluster.config import check_ami_id
+from gpuforge.versions import HASH_TAG
+
+LOG = logging.getLogger(__name__)
+
+FLAVORS = ("dlami", "pcluster")
+FLAVOR_TAG = "gpuforge:flavor"
+BUILD_ID_TAG = "gpuforge:build-id"
+SOURCE_AMI_TAG = "gpuforge:source-ami-id"
+SOURCE_AMI_NAME_TAG = "gpuforge:source-ami-name"
+GIT_REVISION_TAG = "gpuforge:git-revision"
+BUILD_TIME_TAG = "gpuforge:build-time"
+
+# The public SSM parameter AWS keeps pointed at the newest Ubuntu 22.04 Deep Learning Base GPU AMI.
+DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+# The packer fallback filter for the same image (packer/variables.pkr.hcl default).
+DLAMI_NAME_FILTER = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
+AMAZON_OWNER = "amazon"
+# Instances in these states keep their AMI in use (a stopped instance can be started again).
+_LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+
+def pcluster_name_filter(pcluster_version: str) -> str:
+    """Name pattern of the official ParallelCluster Ubuntu 22.04 x86_64 AMIs of one release."""
+    return f"aws-parallelcluster-{pcluster_version}-ubuntu-2204-lts-hvm-x86_64*"
+
+
+@dataclass(frozen=True)
+class Image:
+    id: str
+    name: str
+    creation_date: str  # ISO 8601 as EC2 returns it; sorts chronologically
+    state: str
+    tags: dict[str, str]
+    snapshot_ids: tuple[str, ...]
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Image:
+        snapshots = tuple(
+            bdm["Ebs"]["SnapshotId"]
+            for bdm in data.get("BlockDeviceMappings", [])
+            if bdm.get("Ebs", {}).get("SnapshotId")
+        )
+        return cls(
+            id=data["ImageId"],
+            name=data.get("Name", ""),
+            creation_date=data.get("CreationDate", ""),
+            state=data.get("State", ""),
+            tags={t["Key"]: t["Value"] for t in data.get("Tags", [])},
+            snapshot_ids=snapshots,
+        )
+
+
+def _ec2(region: str | None) -> Any:
+    return aws.client("ec2", region_name=region)
+
+
+def _describe(ec2: Any, **kwargs: Any) -> list[Image]:
+    try:
+        pages = ec2.get_paginator("describe_images").paginate(**kwargs)
+        return [Image.from_api(item) for page in pages for item in page["Images"]]
+    except ClientError as exc:
+        raise ExternalError(f"EC2 DescribeImages failed: {exc}") from exc
+
+
+def describe(ami_id: str, region: str | None = None) -> Image:
+    images = _describe(_ec2(region), ImageIds=[check_ami_id(ami_id)])
+    if not images:
+        raise UserError(f"image {ami_id} does not exist in {region or aws.region()}")
+    return images[0]
+
+
+def newest(images: Iterable[Image]) -> Image | None:
+    return max(images, key=lambda image: (image.creation_date, image.id), default=None)
+
+
+def resolve_base(
+    flavor: str,
+    region: str | None = None,
+    *,
+    pcluster_version: str,
+    parameter: str = DLAMI_PARAMETER,
+    owner: str = AMAZON_OWNER,
+) -> Image:
+    """The base AMI to bake on: the DLAMI from its public SSM parameter, or the newest official
+    ParallelCluster AMI of pcluster_version by name with an explicit owner."""
+    if flavor == "dlami":
+        ami_id = _ssm_value(parameter, region)
+        image = describe(ami_id, region)
+    elif flavor == "pcluster":
+        pattern = pcluster_name_filter(pcluster_version)
+        found = newest(
+            _describe(
+                _ec2(region),
+                Owners=[owner],
+                Filters=[
+                    {"Name": "name", "Values": [pattern]},
+                    {"Name": "state", "Values": ["available"]},
+                    {"Name": "architecture", "Values": ["x86_64"]},
+                ],
+            )
+        )
+        if found is None:
+            raise UserError(
+                f"no available image named {pattern} owned by {owner} in {region or aws.region()}; "
+                "check --pcluster-version (ParallelCluster publishes AMIs per release)"
+            )
+        image = found
+    else:
+        raise UserError(f"unknown flavor {flavor!r}; choose one of {', '.join(FLAVORS)}")
+    LOG.info("base image for %s: %s (%s)", flavor, image.id, image.name)
+    return image
+
+
+def _ssm_value(name: str, region: str | None) -> str:
+    ssm = aws.client("ssm", region_name=region)
+    try:
+        value = str(ssm.get_parameter(Name=name)["Parameter"]["Value"])
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] == "ParameterNotFound":
+            raise UserError(f"SSM parameter {name} does not exist in {region or aws.region()}") from None
+        raise ExternalError(f"SSM GetParameter {name} failed: {exc}") from exc
+    return check_ami_id(value)
+
+
+def gpuforge_images(flavor: str | None = None, region: str | None = None, **tags: str) -> list[Image]:
+    """Images this account baked with gpuforge (tagged gpuforge:flavor), oldest first."""
+    filters = [
+        {"Name": f"tag:{FLAVOR_TAG}", "Values": [flavor]}
+        if flavor
+        else {"Name": "tag-key", "Values": [FLAVOR_TAG]}
+    ]
+    filters += [{"Name": f"tag:{key}", "Values": [value]} for key, value in tags.items()]
+    images = _describe(_ec2(region), Owners=["self"], Filters=filters)
+    return sorted(images, key=lambda image: (image.creation_date, image.id))
+
+
+def images_with_build_id(build_id: str, region: str | None = None) -> list[Image]:
+    filters = [{"Name": f"tag:{BUILD_ID_TAG}", "Values": [build_id]}]
+    return _describe(_ec2(region), Owners=["self"], Filters=filters)
+
+
+def wait_available(ami_id: str, region: str | None = None, timeout_s: int = 3600) -> None:
+    delay = 15
+    waiter = _ec2(region).get_waiter("image_available")
+    try:
+        waiter.wait(
+            ImageIds=[ami_id], WaiterConfig={"Delay": delay, "MaxAttempts": max(1, timeout_s // delay)}
+        )
+    except WaiterError as exc:
+        raise ExternalError(f"image {ami_id} did not become available: {exc}") from exc
+
+
+def require_imdsv2(ami_id: str, region: str | None = None) -> None:
+    """Mark the image IMDSv2-only (instances launched from it get HttpTokens=required).
+
+    Packer 1.6 knows neither imds_support nor metadata_options, so the pipeline sets the image
+    attribute itself for both Packer generations; EC2 does not allow undoing it.
+    """
+    try:
+        _ec2(region).modify_image_attribute(ImageId=ami_id, ImdsSupport={"Value": "v2.0"})
+    except ClientError as exc:
+        raise ExternalError(f"cannot set ImdsSupport=v2.0 on {ami_id}: {exc}") from exc
+
+
+def amis_of_live_instances(region: str | None = None) -> set[str]:
+    """AMI ids that any not-terminated instance was launched from."""
+    ec2 = _ec2(region)
+    try:
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-state-name", "Values": _LIVE_STATES}]
+        )
+        return {
+            instance["ImageId"]
+            for page in pages
+            for reservation in page["Reservations"]
+            for instance in reservation["Instances"]
+        }
+    except ClientError as exc:
+        raise ExternalError(f"EC2 DescribeInstances failed: {exc}") from exc
+
+
+def deregister(image: Image, region: str | None = None) -> None:
+    """Deregister the image, then delete its snapshots (EC2 refuses while the image holds them)."""
+    ec2 = _ec2(region)
+    try:
+        ec2.deregister_image(ImageId=image.id)
+        for snapshot in image.snapshot_ids:
+            try:
+                ec2.delete_snapshot(SnapshotId=snapshot)
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] != "InvalidSnapshot.NotFound":
+                    raise
+    except ClientError as exc:
+        raise ExternalError(f"cannot retire image {image.id}: {exc}") from exc
+    LOG.info("deregistered %s (%s) and %d snapshot(s)", image.id, image.name, len(image.snapshot_ids))
+
+
+def stale_reason(newest_image: Image | None, base: Image, versions_hash: str) -> str | None:
+    """Why a rebuild is due, or None when the newest image already has this base and manifest."""
+    if newest_image is None:
+        return "no gpuforge image of this flavor exists yet"
+    tags = newest_image.tags
+    if tags.get(SOURCE_AMI_TAG) != base.id:
+        return f"base image changed: {tags.get(SOURCE_AMI_TAG, 'untagged')} -> {base.id} ({base.name})"
+    if tags.get(HASH_TAG) != versions_hash:
+        return f"versions manifest changed: {tags.get(HASH_TAG, 'untagged')[:12]} -> {versions_hash[:12]}"
+    return None

@@ -1,0 +1,206 @@
+"""A small typed wrapper around the packer binary.
+
+python-packer (the 2016 wrapper the design names) takes a single template *file*, so it cannot drive
+an HCL2 template directory, and its `inspect` breaks on Python 3 (bytes/str); see docs/ami-pipeline.md.
+This wrapper runs packer with -machine-readable, streams progress to the user while it runs, keeps the
+raw log, and stages the template directory so Packer 1.6 (no required_plugins) and modern Packer
+(required_plugins in plugins.pkr.hcl.modern) both work from the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpuforge import paths
+from gpuforge.errors import ExternalError, UserError
+
+LOG = logging.getLogger(__name__)
+
+MODERN_PLUGINS_FILE = "plugins.pkr.hcl.modern"
+# required_plugins (and `packer init` for HCL2) arrived in Packer 1.7.
+MODERN_MIN = (1, 7, 0)
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def template_dir() -> Path:
+    return paths.repo_root() / "packer"
+
+
+@dataclass(frozen=True)
+class MachineLine:
+    """One line of `packer -machine-readable`: timestamp,target,type,data..."""
+
+    timestamp: int
+    target: str
+    kind: str
+    data: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, line: str) -> MachineLine | None:
+        parts = line.rstrip("\n").split(",")
+        if len(parts) < 3 or not parts[0].isdigit():
+            return None
+        # Packer escapes commas and newlines inside fields.
+        data = tuple(
+            p.replace("%!(PACKER_COMMA)", ",").replace("\\n", "\n").replace("\\r", "") for p in parts[3:]
+        )
+        return cls(int(parts[0]), parts[1], parts[2], data)
+
+
+@dataclass
+class Progress:
+    """Turns machine-readable lines into human progress on a stream, with elapsed time."""
+
+    out: TextIO = field(default_factory=lambda: sys.stderr)
+    started: float = field(default_factory=time.monotonic)
+    errors: list[str] = field(default_factory=list)
+    artifacts: dict[str, list[str]] = field(default_factory=dict)
+
+    def __call__(self, line: MachineLine) -> None:
+        if line.kind == "ui" and len(line.data) >= 2:
+            level, message = line.data[0], line.data[1].rstrip()
+            if level == "error":
+                self.errors.append(message)
+            if message:
+                self._say(message)
+        elif line.kind == "artifact" and len(line.data) >= 3 and line.data[1] == "id":
+            self.artifacts.setdefault(line.target, []).append(line.data[2])
+            self._say(f"artifact from {line.target}: {line.data[2]}")
+        elif line.kind == "error" and line.data:
+            self.errors.append(line.data[0])
+            self._say(f"error: {line.data[0]}")
+
+    def _say(self, message: str) -> None:
+        elapsed = int(time.monotonic() - self.started)
+        stamp = f"[{elapsed // 60:3d}m{elapsed % 60:02d}s]"
+        for text in message.splitlines() or [""]:
+            print(f"{stamp} {text}", file=self.out, flush=True)
+
+
+@dataclass(frozen=True)
+class Packer:
+    """The packer executable (found on PATH, or $GPUFORGE_PACKER)."""
+
+    executable: str
+
+    @classmethod
+    def find(cls) -> Packer:
+        exe = os.environ.get("GPUFORGE_PACKER") or shutil.which("packer")
+        if not exe:
+            raise UserError(
+                "packer is not installed: apt-get install packer (Debian/Ubuntu) or install "
+                "HashiCorp's Packer >= 1.10, or set GPUFORGE_PACKER to its path"
+            )
+        return cls(exe)
+
+    @cached_property
+    def version(self) -> tuple[int, int, int]:
+        out = self._run(["version"]).stdout
+        match = _VERSION_RE.search(out)
+        if not match:
+            raise ExternalError(f"cannot tell the version of {self.executable} from {out!r}")
+        major, minor, patch = (int(g) for g in match.groups())
+        return major, minor, patch
+
+    @property
+    def modern(self) -> bool:
+        return self.version >= MODERN_MIN
+
+    def stage(self, source: Path, work: Path) -> Path:
+        """Copy the templates into work/templates; with modern Packer add the plugin requirements."""
+        staged = work / "templates"
+        if staged.exists():
+            shutil.rmtree(staged)
+        staged.mkdir(parents=True)
+        for template in sorted(source.glob("*.pkr.hcl")):
+            shutil.copy2(template, staged / template.name)
+        if self.modern:
+            shutil.copy2(source / MODERN_PLUGINS_FILE, staged / "plugins.pkr.hcl")
+            self._run(["init", str(staged)], check=True)
+        return staged
+
+    def validate(self, templates: Path, var_file: Path, only: Sequence[str] = ()) -> None:
+        args = ["validate", f"-var-file={var_file}", *_only(only), str(templates)]
+        result = self._run(args)
+        if result.returncode != 0:
+            raise ExternalError(f"packer validate failed:\n{(result.stdout + result.stderr).strip()}")
+
+    def build(
+        self,
+        templates: Path,
+        var_file: Path,
+        log_path: Path,
+        only: Sequence[str] = (),
+        on_line: Callable[[MachineLine], None] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> int:
+        """Run `packer build`, streaming each machine-readable line to on_line; return its exit status."""
+        args = [
+            self.executable,
+            "build",
+            "-machine-readable",
+            "-color=false",
+            "-on-error=cleanup",
+            f"-var-file={var_file}",
+            *_only(only),
+            str(templates),
+        ]
+        LOG.debug("running %s", " ".join(args))
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("w") as log:
+            try:
+                proc = subprocess.Popen(
+                    args,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env={**os.environ, **(env or {}), "PACKER_NO_COLOR": "1", "CHECKPOINT_DISABLE": "1"},
+                )
+            except OSError as exc:
+                raise ExternalError(f"cannot run {self.executable}: {exc}") from exc
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                log.write(raw)
+                log.flush()
+                parsed = MachineLine.parse(raw)
+                if on_line is not None and parsed is not None:
+                    on_line(parsed)
+            return proc.wait()
+
+    def _run(self, args: list[str], check: bool = False) -> subprocess.CompletedProcess[str]:
+        try:
+            result = subprocess.run(
+                [self.executable, *args],
+                capture_output=True,
+                text=True,
+                check=False,
+                env={**os.environ, "CHECKPOINT_DISABLE": "1"},
+            )
+        except OSError as exc:
+            raise ExternalError(f"cannot run {self.executable}: {exc}") from exc
+        if check and result.returncode != 0:
+            raise ExternalError(f"packer {args[0]} failed:\n{(result.stdout + result.stderr).strip()}")
+        return result
+
+
+def _only(only: Sequence[str]) -> list[str]:
+    return [f"-only={','.join(only)}"] if only else []
+
+
+def write_var_file(path: Path, variables: Mapping[str, Any]) -> Path:
+    """Variables go in a JSON var file: map keys with colons need no HCL quoting and nothing shows in ps."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(variables), indent=2, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,75 @@
+"""Roll an image out: point the SSM parameter at it and patch ParallelCluster cluster configs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from botocore.exceptions import ClientError
+
+from gpuforge import aws
+from gpuforge.ami import images
+from gpuforge.errors import ExternalError
+from gpuforge.pcluster import config as pcluster_config
+from gpuforge.pcluster.validate import validate
+
+LOG = logging.getLogger(__name__)
+
+
+def default_parameter(flavor: str) -> str:
+    """Where the newest golden AMI id of a flavor is published."""
+    return f"/gpuforge/ami/{flavor}/latest"
+
+
+def read_parameter(name: str, region: str | None = None) -> str | None:
+    """The AMI id a parameter holds, or None when it does not exist yet."""
+    ssm = aws.client("ssm", region_name=region)
+    try:
+        return str(ssm.get_parameter(Name=name)["Parameter"]["Value"])
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] == "ParameterNotFound":
+            return None
+        raise ExternalError(f"SSM GetParameter {name} failed: {exc}") from exc
+
+
+def write_parameter(name: str, ami_id: str, region: str | None = None) -> int:
+    """Point the parameter at ami_id; DataType aws:ec2:image makes SSM check it is a real image."""
+    ssm = aws.client("ssm", region_name=region)
+    try:
+        result = ssm.put_parameter(
+            Name=name,
+            Value=pcluster_config.check_ami_id(ami_id),
+            Type="String",
+            DataType="aws:ec2:image",
+            Overwrite=True,
+            Description="gpuforge golden AMI (written by gpuforge publish)",
+        )
+    except ClientError as exc:
+        raise ExternalError(f"SSM PutParameter {name} failed: {exc}") from exc
+    version = int(result["Version"])
+    LOG.info("%s -> %s (version %d)", name, ami_id, version)
+    return version
+
+
+def publish(
+    ami_id: str,
+    parameter: str,
+    configs: Sequence[Path] = (),
+    queues: Sequence[str] | None = None,
+    region: str | None = None,
+) -> None:
+    """Publish an existing, available image. Configs are patched and validated before the parameter moves,
+    so a config the schema rejects leaves both the parameter and every config as they were."""
+    image = images.describe(ami_id, region)
+    if image.state != "available":
+        raise ExternalError(f"image {ami_id} is {image.state}, not available; not publishing it")
+    patched = []
+    for path in configs:
+        config = pcluster_config.set_custom_ami(pcluster_config.load_config(path), ami_id, queues)
+        validate(config)
+        patched.append((path, config))
+    write_parameter(parameter, ami_id, region)
+    for path, config in patched:
+        pcluster_config.dump_config(config, path)
+        LOG.info("%s now uses %s", path, ami_id)
