@@ -16,6 +16,7 @@ _COMMAND_MODULES = (
     "gpuforge.lab.cli",
     "gpuforge.pcluster.cli",
     "gpuforge.preflight.cli",
+    "gpuforge.nccl.cli",
     "gpuforge.ami.cli",
 )
 

@@ -21,6 +21,8 @@ class InstanceType:
     nvswitch: bool
     gpu_model: str | None = None
     gpu_memory_gib: int | None = None
+    # Expected multi-node all_reduce_perf bus bandwidth, GB/s (see data/instance_types.yml).
+    nccl_allreduce_busbw_gb_s: float | None = None
 
 
 @cache
