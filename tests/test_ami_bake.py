@@ -1,0 +1,320 @@
+"""`gpuforge bake` and `gpuforge rebuild --if-stale` end to end, with moto as AWS and a fake packer.
+
+The fake packer (FAKE_PACKER below, a test double named as such) stands in for HashiCorp's binary,
+which would need real EC2 and SSH: it reads the var file gpuforge wrote, does what the amazon-ebs
+builder does against moto (launch the source AMI, create and tag the image, terminate the builder),
+prints -machine-readable lines and writes a manifest in Packer's format. Modes make it fail before or
+after registering, or forget the tags, so we can check that a failed bake leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from gpuforge import aws, cli, versions
+from gpuforge.ami import bake, images, publish
+from gpuforge.errors import ExternalError
+from gpuforge.lab.moto import MotoServer
+
+FAKE_PACKER = r'''#!{python}
+"""Test double for the packer binary (see tests/test_ami_bake.py)."""
+import json, os, sys, time, uuid
+import boto3
+
+args = sys.argv[1:]
+with open(os.environ["FAKE_PACKER_CALLS"], "a") as calls:
+    calls.write(json.dumps(args) + "\n")
+if args[:1] == ["version"]:
+    print("Packer v1.6.6")
+    sys.exit(0)
+assert args[0] == "build", args
+mode = os.environ.get("FAKE_PACKER_MODE", "ok")
+var_file = next(a.split("=", 1)[1] for a in args if a.startswith("-var-file="))
+only = next(a.split("=", 1)[1] for a in args if a.startswith("-only="))
+v = json.load(open(var_file))
+now = int(time.time())
+
+def say(text):
+    print(f"{now},,ui,say,==> {only}: {text}".replace("\n", "\\n"), flush=True)
+
+say("Prevalidating AMI Name: fake")
+say("Launching a source AWS instance...")
+if mode == "fail":
+    print(f"{now},,ui,error,Build '{only}' errored after 1 second: ansible-playbook exited 2", flush=True)
+    sys.exit(1)
+ec2 = boto3.client("ec2", region_name=v["region"])
+source = ec2.describe_images(ImageIds=[v["source_ami"]])["Images"][0]
+instance = ec2.run_instances(ImageId=v["source_ami"], MinCount=1, MaxCount=1, InstanceType="g5.2xlarge")
+instance_id = instance["Instances"][0]["InstanceId"]
+say("Running ansible playbook: playbooks/bake.yml")
+name = f"gpuforge-{v['flavor']}-{now}-{v['git_revision']}"
+ami = ec2.create_image(InstanceId=instance_id, Name=name)["ImageId"]
+tags = dict(v["image_tags"]) if mode != "untagged" else {}
+tags.update({
+    "Name": name, "gpuforge:flavor": v["flavor"], "gpuforge:git-revision": v["git_revision"],
+    "gpuforge:build-id": v["build_id"], "gpuforge:build-time": str(now),
+    "gpuforge:source-ami-id": source["ImageId"], "gpuforge:source-ami-name": source["Name"],
+})
+ec2.create_tags(Resources=[ami], Tags=[{"Key": k, "Value": val} for k, val in tags.items()])
+ec2.terminate_instances(InstanceIds=[instance_id])
+if mode == "fail-after-register":
+    print(f"{now},,ui,error,Post-processor failed: manifest: permission denied", flush=True)
+    sys.exit(1)
+print(f"{now},{only},artifact,0,id,{v['region']}:{ami}", flush=True)
+run = str(uuid.uuid4())
+manifest = {"builds": [{
+    "name": only.split(".")[1], "builder_type": only.split(".")[0], "build_time": now, "files": None,
+    "artifact_id": f"{v['region']}:{ami}", "packer_run_uuid": run,
+    "custom_data": {"flavor": v["flavor"], "build_id": v["build_id"]},
+}], "last_run_uuid": run}
+json.dump(manifest, open(v["manifest_path"], "w"))
+say("Builds finished.")
+'''
+
+BASE_PARAMETER = "/gpuforge-test/dlami-base"
+
+
+@pytest.fixture
+def fake_packer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Install the fake packer as $GPUFORGE_PACKER; returns the file it logs its calls to."""
+    exe = tmp_path / "bin" / "packer"
+    exe.parent.mkdir()
+    exe.write_text(FAKE_PACKER.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    calls = tmp_path / "packer-calls.jsonl"
+    calls.touch()
+    monkeypatch.setenv("GPUFORGE_PACKER", str(exe))
+    monkeypatch.setenv("FAKE_PACKER_CALLS", str(calls))
+    return calls
+
+
+def _builds(calls: Path) -> list[list[str]]:
+    return [args for args in map(json.loads, calls.read_text().splitlines()) if args[0] == "build"]
+
+
+def _register_base(name: str) -> str:
+    """A base image in moto, standing in for the DLAMI or ParallelCluster AMI."""
+    ec2 = boto3.client("ec2")
+    instance = ec2.run_instances(ImageId="ami-785db401", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    ami = str(ec2.create_image(InstanceId=instance, Name=name)["ImageId"])
+    ec2.terminate_instances(InstanceIds=[instance])
+    return ami
+
+
+@pytest.fixture
+def dlami_base(aws: MotoServer) -> str:
+    ami = _register_base("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261120")
+    boto3.client("ssm").put_parameter(Name=BASE_PARAMETER, Value=ami, Type="String")
+    return ami
+
+
+@pytest.fixture
+def imds_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """Record ModifyImageAttribute requests (moto accepts ImdsSupport but does not store it)."""
+    seen: list[dict[str, Any]] = []
+    original = aws.client
+
+    def recording_client(service: str, region_name: str | None = None) -> Any:
+        client = original(service, region_name)
+        client.meta.events.register(
+            "provide-client-params.ec2.ModifyImageAttribute", lambda params, **_: seen.append(dict(params))
+        )
+        return client
+
+    monkeypatch.setattr(aws, "client", recording_client)
+    yield seen
+
+
+def _options(tmp_path: Path, **kw: Any) -> bake.BakeOptions:
+    return bake.BakeOptions(base_parameter=BASE_PARAMETER, work_dir=tmp_path / "work", **kw)
+
+
+def _gpuforge_images() -> list[dict[str, Any]]:
+    ec2 = boto3.client("ec2")
+    return list(
+        ec2.describe_images(Owners=["self"], Filters=[{"Name": "tag-key", "Values": ["gpuforge:flavor"]}])[
+            "Images"
+        ]
+    )
+
+
+def test_bake_registers_tagged_imdsv2_image(
+    dlami_base: str,
+    fake_packer: Path,
+    tmp_path: Path,
+    imds_calls: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    image = bake.bake_aws(_options(tmp_path))
+    manifest = versions.load()
+    for key, value in manifest.image_tags().items():
+        assert image.tags[key] == value
+    for component in manifest.components:
+        assert image.tags[f"gpuforge:{component}"] == manifest.version(component)
+    assert image.tags["gpuforge:source-ami-id"] == dlami_base
+    assert image.tags["gpuforge:source-ami-name"].startswith("Deep Learning Base")
+    assert image.tags["gpuforge:git-revision"] == bake.git_revision()
+    assert image.state == "available"
+    assert imds_calls == [{"ImageId": image.id, "ImdsSupport": {"Value": "v2.0"}}]
+    # Packer was asked for the AWS source only, with the resolved base and our tags in its var file.
+    (build,) = _builds(fake_packer)
+    assert "-only=amazon-ebs.gpu" in build and "-machine-readable" in build
+    var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
+    variables = json.loads(var_file.read_text())
+    assert variables["source_ami"] == dlami_base
+    assert variables["image_tags"] == manifest.image_tags()
+    # Progress is streamed while Packer runs.
+    err = capsys.readouterr().err
+    assert "Launching a source AWS instance" in err and "artifact from amazon-ebs.gpu" in err
+
+
+def test_bake_pcluster_flavor_carries_parallelcluster_tags(
+    aws: MotoServer, fake_packer: Path, tmp_path: Path
+) -> None:
+    base = _register_base(
+        "aws-parallelcluster-3.16.1-ubuntu-2204-lts-hvm-x86_64-202611010000 2026-11-01T00-00-00.000Z"
+    )
+    _register_base(
+        "aws-parallelcluster-3.15.0-ubuntu-2204-lts-hvm-x86_64-202609010000 2026-09-01T00-00-00.000Z"
+    )
+    image = bake.bake_aws(
+        bake.BakeOptions(flavor="pcluster", base_owner="self", pcluster_version="3.16.1", work_dir=tmp_path)
+    )
+    assert image.tags["gpuforge:source-ami-id"] == base
+    assert image.tags["parallelcluster:version"] == "3.16.1"
+    assert image.tags["parallelcluster:build_status"] == "available"
+    assert image.tags["parallelcluster:os"] == "ubuntu2204"
+
+
+@pytest.mark.parametrize("mode", ["fail", "fail-after-register", "untagged"])
+def test_failed_bake_registers_no_image_and_moves_no_parameter(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    previous = _register_base("gpuforge-dlami-previous")
+    publish.write_parameter(publish.default_parameter("dlami"), previous)
+    monkeypatch.setenv("FAKE_PACKER_MODE", mode)
+    code = cli.main(["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "work")])
+    assert code == ExternalError.exit_code
+    assert _gpuforge_images() == []
+    assert publish.read_parameter(publish.default_parameter("dlami")) == previous
+    assert len(_builds(fake_packer)) == 1
+
+
+def test_bake_cli_publishes_parameter_and_cluster_config(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(json.dumps(_cluster_config()))
+    code = cli.main(
+        [
+            "bake",
+            "--base-parameter",
+            BASE_PARAMETER,
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--parameter",
+            "/gpuforge/test/ami",
+            "--cluster-config",
+            str(config),
+            "--queue",
+            "gpu",
+        ]
+    )
+    assert code == 0
+    ami = capsys.readouterr().out.strip().splitlines()[-1]
+    assert [i["ImageId"] for i in _gpuforge_images()] == [ami]
+    assert publish.read_parameter("/gpuforge/test/ami") == ami
+    from gpuforge.pcluster.config import load_config
+
+    patched = load_config(config)
+    assert patched["Scheduling"]["SlurmQueues"][0]["Image"]["CustomAmi"] == ami
+    assert patched["Image"].get("CustomAmi") is None
+
+
+def _cluster_config() -> dict[str, Any]:
+    subnet = "subnet-0123456789abcdef0"
+    return {
+        "Region": "us-east-1",
+        "Image": {"Os": "ubuntu2204"},
+        "HeadNode": {"InstanceType": "c5.2xlarge", "Networking": {"SubnetId": subnet}},
+        "Scheduling": {
+            "Scheduler": "slurm",
+            "SlurmQueues": [
+                {
+                    "Name": "gpu",
+                    "ComputeResources": [
+                        {"Name": "p5", "InstanceType": "p5.48xlarge", "MinCount": 0, "MaxCount": 2}
+                    ],
+                    "Networking": {"SubnetIds": [subnet]},
+                }
+            ],
+        },
+    }
+
+
+def test_rebuild_if_stale_skips_current_and_rebuilds_on_change(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["rebuild", "--if-stale", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w")]
+    assert cli.main(argv) == 0  # no image yet: stale
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    assert len(_builds(fake_packer)) == 1
+
+    assert cli.main(argv) == 0  # same base, same manifest: nothing to do
+    assert "is current" in capsys.readouterr().out
+    assert len(_builds(fake_packer)) == 1
+    assert publish.read_parameter(publish.default_parameter("dlami")) == first
+
+    # AWS moves the public parameter to a new DLAMI: the next run rebuilds on it.
+    new_base = _register_base("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261201")
+    boto3.client("ssm").put_parameter(Name=BASE_PARAMETER, Value=new_base, Type="String", Overwrite=True)
+    assert cli.main(argv) == 0
+    second = capsys.readouterr().out.strip().splitlines()[-1]
+    assert len(_builds(fake_packer)) == 2
+    assert second != first
+    assert images.describe(second).tags["gpuforge:source-ami-id"] == new_base
+    assert publish.read_parameter(publish.default_parameter("dlami")) == second
+
+
+def test_rebuild_if_stale_on_versions_change(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = _options(tmp_path)
+    bake.bake_aws(options)
+    newest = images.newest(images.gpuforge_images("dlami"))
+    base = images.describe(dlami_base)
+    assert images.stale_reason(newest, base, versions.load().digest) is None
+    bumped = versions.Manifest({**versions.load().components, "nccl": {"version": "2.23.4", "cuda": "12.2"}})
+    reason = images.stale_reason(newest, base, bumped.digest)
+    assert reason is not None and "versions manifest changed" in reason
+
+
+def test_bake_without_packer_is_a_user_error(
+    dlami_base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUFORGE_PACKER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no packer here
+    code = cli.main(["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w")])
+    assert code == 2
+    assert _gpuforge_images() == []
+
+
+def test_bake_local_requires_a_running_lab(
+    fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUFORGE_LAB_DIR", str(tmp_path / "labs"))
+    assert cli.main(["bake", "--local", "--lab", "nosuchlab", "--work-dir", str(tmp_path / "w")]) == 2
+    assert "gpuforge lab up --name nosuchlab" in capsys.readouterr().err
+    assert _builds(fake_packer) == []
+
+
+def test_bake_local_refuses_publish_options(fake_packer: Path, tmp_path: Path) -> None:
+    assert cli.main(["bake", "--local", "--parameter", "/x/y", "--work-dir", str(tmp_path / "w")]) == 2
+    assert _builds(fake_packer) == []

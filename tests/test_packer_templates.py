@@ -1,0 +1,232 @@
+"""The real packer binary against packer/: fmt, validate (both flavors, bad inputs), the sanitize step,
+and the machine-readable output and manifest formats our wrapper parses.
+
+CI installs Debian's `packer` package (1.6.6). packer runs under `unshare -n` where possible, so it
+cannot reach any network (validate contacts no AWS endpoint either way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuforge import versions
+from gpuforge.ami import manifest as packer_manifest
+from gpuforge.ami.packer import MODERN_PLUGINS_FILE, MachineLine, Packer, Progress, write_var_file
+
+REPO = Path(__file__).resolve().parents[1]
+PACKER_DIR = REPO / "packer"
+SANITIZE = PACKER_DIR / "scripts" / "sanitize.sh"
+
+needs_packer = pytest.mark.skipif(
+    shutil.which("packer") is None, reason="packer binary absent (CI installs it: apt-get install packer)"
+)
+
+
+def _offline(cmd: list[str]) -> list[str]:
+    """Run cmd in a network namespace of its own when we may (root), so it cannot reach any network."""
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        return ["unshare", "-n", *cmd]
+    return cmd
+
+
+def _packer_env() -> dict[str, str]:
+    # The ansible provisioner runs `ansible-playbook --version` during validate: use the venv's.
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["CHECKPOINT_DISABLE"] = "1"
+    return env
+
+
+@pytest.fixture
+def staged(tmp_path: Path) -> Path:
+    return Packer.find().stage(PACKER_DIR, tmp_path)
+
+
+def _validate(staged: Path, tmp_path: Path, **overrides: object) -> subprocess.CompletedProcess[str]:
+    variables = {
+        "repo_root": str(REPO),
+        "source_ami": "ami-0123456789abcdef0",
+        "image_tags": versions.load().image_tags(),
+        "manifest_path": str(tmp_path / "manifest.json"),
+        **overrides,
+    }
+    var_file = write_var_file(tmp_path / "vars.json", variables)
+    cmd = _offline([Packer.find().executable, "validate", f"-var-file={var_file}", str(staged)])
+    return subprocess.run(cmd, capture_output=True, text=True, env=_packer_env(), check=False)
+
+
+@needs_packer
+def test_templates_are_packer_fmt_clean(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["packer", "fmt", "-check", "-diff", str(PACKER_DIR)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The modern-only plugin file is HCL too; fmt checks it under a .pkr.hcl name.
+    copy = tmp_path / "plugins.pkr.hcl"
+    shutil.copy(PACKER_DIR / MODERN_PLUGINS_FILE, copy)
+    result = subprocess.run(["packer", "fmt", "-check", "-diff", str(copy)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_packer
+def test_staging_keeps_plugin_requirements_out_for_packer_1_6(staged: Path) -> None:
+    names = sorted(p.name for p in staged.iterdir())
+    assert names == sorted(p.name for p in PACKER_DIR.glob("*.pkr.hcl"))
+    if Packer.find().modern:
+        pytest.skip("modern packer: the plugin file is staged on purpose")
+    assert "plugins.pkr.hcl" not in names
+
+
+@needs_packer
+@pytest.mark.skipif(
+    not (REPO / "playbooks" / "bake.yml").is_file(),
+    reason="playbooks/bake.yml (the bake playbook, another issue) is not in the checkout yet",
+)
+@pytest.mark.parametrize("flavor", ["dlami", "pcluster"])
+def test_packer_validate_accepts_both_flavors(staged: Path, tmp_path: Path, flavor: str) -> None:
+    result = _validate(staged, tmp_path, flavor=flavor)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_packer
+@pytest.mark.skipif(
+    not (REPO / "playbooks" / "bake.yml").is_file(),
+    reason="playbooks/bake.yml (the bake playbook, another issue) is not in the checkout yet",
+)
+def test_packer_validate_with_fallback_filter_and_lab_key(staged: Path, tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    result = _validate(staged, tmp_path, source_ami="", lab_host="10.213.7.2", lab_private_key_file=str(key))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_packer
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("flavor", "centos", "flavor must be dlami or pcluster"),
+        ("source_ami", "ami-123", "source_ami must be an AMI id"),
+        ("source_ami", "img-0123456789abcdef0", "source_ami must be an AMI id"),
+        ("root_volume_size_gib", 20, "root_volume_size_gib must be between"),
+        ("instance_type", "g5", "instance_type must look like"),
+        ("region", "mars", "region must be an AWS region"),
+    ],
+)
+def test_packer_validate_rejects_bad_variables(
+    staged: Path, tmp_path: Path, variable: str, value: object, message: str
+) -> None:
+    result = _validate(staged, tmp_path, **{variable: value})
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+
+
+def _fake_root(root: Path) -> None:
+    files = {
+        "etc/ssh/ssh_host_ed25519_key": "secret",
+        "etc/ssh/ssh_host_ed25519_key.pub": "pub",
+        "etc/ssh/ssh_host_rsa_key": "secret",
+        "etc/ssh/sshd_config": "PermitRootLogin no\n",
+        "root/.ssh/authorized_keys": "ssh-ed25519 AAAA root",
+        "root/.bash_history": "export TOKEN=x\n",
+        "home/ubuntu/.ssh/authorized_keys": "ssh-ed25519 AAAA packer",
+        "home/ubuntu/.ssh/config": "Host *\n",
+        "home/ubuntu/.bash_history": "ls\n",
+        "home/ubuntu/.python_history": "1+1\n",
+        "var/lib/cloud/instances/i-0abc/user-data.txt": "#cloud-config\n",
+        "var/lib/cloud/data/instance-id": "i-0abc\n",
+        "var/lib/cloud/seed/nocloud/meta-data": "instance-id: lab\n",
+        "var/log/cloud-init.log": "log\n",
+        "var/log/syslog": "kept\n",
+        "etc/machine-id": "0123456789abcdef0123456789abcdef\n",
+        "var/lib/dbus/machine-id": "0123456789abcdef0123456789abcdef\n",
+    }
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (root / "var/lib/cloud/instance").symlink_to("instances/i-0abc")
+
+
+def test_sanitize_removes_host_identity_and_secrets(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _fake_root(root)
+    result = subprocess.run(
+        ["bash", str(SANITIZE)],
+        env={"PATH": os.environ["PATH"], "SANITIZE_ROOT": str(root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert not list((root / "etc/ssh").glob("ssh_host_*"))
+    assert (root / "etc/ssh/sshd_config").is_file()
+    assert not (root / "root/.ssh/authorized_keys").exists()
+    assert not (root / "home/ubuntu/.ssh/authorized_keys").exists()
+    assert (root / "home/ubuntu/.ssh/config").is_file()
+    for history in ("root/.bash_history", "home/ubuntu/.bash_history", "home/ubuntu/.python_history"):
+        assert not (root / history).exists(), history
+    assert sorted(p.name for p in (root / "var/lib/cloud").iterdir()) == ["seed"]
+    assert not (root / "var/log/cloud-init.log").exists()
+    assert (root / "var/log/syslog").read_text() == "kept\n"
+    assert (root / "etc/machine-id").is_file()
+    assert (root / "etc/machine-id").read_text() == ""
+    assert not (root / "var/lib/dbus/machine-id").exists()
+    assert "cleaned" in result.stdout
+
+    # A second run (an already clean image) succeeds and removes nothing more.
+    again = subprocess.run(
+        ["bash", str(SANITIZE)],
+        env={"PATH": os.environ["PATH"], "SANITIZE_ROOT": str(root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "cleaned 1 item(s)" in again.stdout  # only the (already empty) machine-id is rewritten
+
+
+@needs_packer
+def test_real_packer_output_and_manifest_parse(tmp_path: Path) -> None:
+    """A real (network-free) packer build of a null source: our line parser, progress and manifest
+    reader must understand what this packer actually writes."""
+    template = tmp_path / "t"
+    template.mkdir()
+    manifest_path = tmp_path / "manifest.json"
+    (template / "t.pkr.hcl").write_text(
+        'source "null" "lab" {\n  communicator = "none"\n}\n'
+        'build {\n  sources = ["source.null.lab"]\n'
+        '  post-processor "manifest" {\n'
+        f'    output = "{manifest_path}"\n'
+        '    custom_data = { flavor = "dlami", note = "a, b" }\n  }\n}\n'
+    )
+    packer = Packer.find()
+    stream = tmp_path / "progress.txt"
+    with stream.open("w") as out:
+        progress = Progress(out=out)
+        lines: list[MachineLine] = []
+
+        def record(line: MachineLine) -> None:
+            lines.append(line)
+            progress(line)
+
+        var_file = write_var_file(tmp_path / "vars.json", {})
+        status = packer.build(template, var_file, tmp_path / "packer.log", only=["null.lab"], on_line=record)
+    assert status == 0, (tmp_path / "packer.log").read_text()
+    assert any(line.kind == "ui" for line in lines)
+    assert any(line.kind == "artifact" and line.target == "null.lab" for line in lines)
+    assert "[" in stream.read_text() and "null.lab" in stream.read_text()
+    artifacts = packer_manifest.last_run(manifest_path)
+    assert [a.name for a in artifacts] == ["lab"]
+    assert artifacts[0].builder_type == "null"
+    assert artifacts[0].images == {}
+    assert artifacts[0].custom_data == {"flavor": "dlami", "note": "a, b"}
+    # Packer appends runs to the same manifest; only the last one counts.
+    packer.build(template, var_file, tmp_path / "packer2.log", only=["null.lab"])
+    data = json.loads(manifest_path.read_text())
+    assert len(data["builds"]) == 2
+    assert len(packer_manifest.last_run(manifest_path)) == 1
