@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +27,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
 GCP = FIXTURES / "gcp-a3mega-h100-2node.log"
 EFA = FIXTURES / "aws-eks-efa-g4dn-2node.log"
 OLD = FIXTURES / "aws-p3dn-2node-old-layout.excerpt.log"
+SBATCH = Path(__file__).resolve().parents[1] / "scripts" / "slurm" / "nccl-allreduce.sbatch"
 
 
 def only(path: Path) -> Run:
@@ -226,3 +229,19 @@ def test_registered_in_the_gpuforge_command(tmp_path: Path, capsys: pytest.Captu
         gpuforge_cli.main(["nccl-report", str(EFA), "--instance-type", "nope", "--out", str(tmp_path)]) == 2
     )
     assert "gpuforge: error: unknown instance type" in capsys.readouterr().err
+
+
+def test_sbatch_script_is_valid_bash_and_launches_with_pmix() -> None:
+    """The batch script needs GPUs to run; here it is only syntax-checked and inspected."""
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+    if shutil.which("shellcheck"):
+        subprocess.run(["shellcheck", "-s", "bash", str(SBATCH)], check=True)
+    lines = SBATCH.read_text().splitlines()
+    first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    directives = [line for line in lines if line.startswith("#SBATCH")]
+    # Slurm reads #SBATCH lines only above the first command.
+    assert directives
+    assert all(lines.index(d) < first_command for d in directives)
+    text = SBATCH.read_text()
+    assert "srun --mpi=pmix" in text
+    assert "export FI_PROVIDER=efa" in text
