@@ -73,6 +73,8 @@ def _describe(ec2: Any, **kwargs: Any) -> list[Image]:
         pages = ec2.get_paginator("describe_images").paginate(**kwargs)
         return [Image.from_api(item) for page in pages for item in page["Images"]]
     except ClientError as exc:
+        if exc.response["Error"]["Code"] == "InvalidAMIID.NotFound":
+            raise UserError(f"image {', '.join(kwargs.get('ImageIds', []))} does not exist: {exc}") from None
         raise ExternalError(f"EC2 DescribeImages failed: {exc}") from exc
 
 
