@@ -1,0 +1,193 @@
+"""Build the artifact server's TEST FIXTURES: a fake EFA installer tarball, signed.
+
+    python -m gpuforge.artifacts.fixtures build --out DIR [--efa-version V] [--wheel PATH ...]
+
+The tarball wraps tests/fixtures/artifacts/efa/aws-efa-installer/ (a stand-in installer that
+only records what it was asked to do) under the real download's name, and is signed with a
+throwaway GnuPG key generated here, in a temporary home that is deleted afterwards. No real key
+or secret is involved. The layout mirrors https://efa-installer.amazonaws.com:
+
+    efa/aws-efa-installer-V.tar.gz, .sig, aws-efa-installer.key    good fixture
+    efa-badsig/ ...                                                  signature over other bytes
+    efa-wrongkey/ ...                                                signed by a second, unpinned key
+    wheels/NAME.whl                                                  links to the given wheels
+    fixture.json                                                     sha256s and the key fingerprint
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gpuforge import paths, versions
+from gpuforge.errors import ExternalError, UserError
+
+FIXTURE_UID = "gpuforge TEST FIXTURE signing key (not an AWS key) <test-fixture@gpuforge.invalid>"
+IMPOSTOR_UID = "gpuforge TEST FIXTURE impostor key (must be refused) <impostor@gpuforge.invalid>"
+
+
+def fixture_source() -> Path:
+    return paths.repo_root() / "tests" / "fixtures" / "artifacts" / "efa" / "aws-efa-installer"
+
+
+@dataclass
+class Fixtures:
+    root: str
+    efa_version: str
+    efa_tarball: str
+    efa_sha256: str
+    efa_key_fingerprint: str
+    impostor_fingerprint: str
+    wheels: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _ThrowawayGpg:
+    """A GnuPG home in a temporary directory with one freshly generated signing key."""
+
+    def __init__(self, uid: str):
+        if shutil.which("gpg") is None:
+            raise ExternalError("gpg is not installed; apt-get install gnupg")
+        # Short path: gpg-agent's socket path must fit in sun_path.
+        self.home = Path(tempfile.mkdtemp(prefix="gf-gpg-"))
+        self.home.chmod(0o700)
+        self._run("--quick-generate-key", uid, "ed25519", "sign", "2d")
+        listing = self._run("--with-colons", "--list-keys", uid)
+        self.fingerprint = next(
+            line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")
+        )
+
+    def _run(self, *args: str, stdin: bytes | None = None) -> str:
+        cmd = [
+            "gpg",
+            "--homedir",
+            str(self.home),
+            "--batch",
+            "--pinentry-mode",
+            "loopback",
+            "--passphrase",
+            "",
+            "--no-tty",
+            *args,
+        ]
+        result = subprocess.run(cmd, input=stdin, capture_output=True, check=False)
+        if result.returncode != 0:
+            raise ExternalError(f"{' '.join(cmd[:2])} ... {args[0]} failed: {result.stderr.decode().strip()}")
+        return result.stdout.decode()
+
+    def export(self, dest: Path) -> None:
+        dest.write_text(self._run("--armor", "--export", self.fingerprint))
+
+    def sign(self, data: Path, dest: Path) -> None:
+        dest.unlink(missing_ok=True)
+        self._run("--local-user", self.fingerprint, "--output", str(dest), "--detach-sign", str(data))
+
+    def close(self) -> None:
+        subprocess.run(
+            ["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"], capture_output=True, check=False
+        )
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _installer_tarball(dest: Path, version: str) -> None:
+    """The stand-in installer under the real tarball's top-level directory, with fixed metadata."""
+    source = fixture_source()
+    with tarfile.open(dest, "w:gz") as tar:
+        for path in sorted(source.iterdir()):
+            data = path.read_bytes().replace(b"@EFA_VERSION@", version.encode())
+            info = tarfile.TarInfo(f"aws-efa-installer/{path.name}")
+            info.size, info.mode, info.mtime = len(data), path.stat().st_mode & 0o777, 0
+            tar.addfile(info, io.BytesIO(data))
+
+
+def build(out: Path, efa_version: str, wheels: Sequence[Path] = ()) -> Fixtures:
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"aws-efa-installer-{efa_version}.tar.gz"
+    good, badsig, wrongkey = out / "efa", out / "efa-badsig", out / "efa-wrongkey"
+    for directory in (good, badsig, wrongkey):
+        directory.mkdir(exist_ok=True)
+    _installer_tarball(good / name, efa_version)
+    for directory in (badsig, wrongkey):
+        shutil.copyfile(good / name, directory / name)
+
+    signer, impostor = _ThrowawayGpg(FIXTURE_UID), _ThrowawayGpg(IMPOSTOR_UID)
+    try:
+        signer.export(good / "aws-efa-installer.key")
+        signer.sign(good / name, good / f"{name}.sig")
+        # A good key whose signature covers other bytes: gpgv reports BADSIG.
+        shutil.copyfile(good / "aws-efa-installer.key", badsig / "aws-efa-installer.key")
+        other = badsig / "other-bytes"
+        other.write_bytes(b"TEST FIXTURE: not the tarball\n")
+        signer.sign(other, badsig / f"{name}.sig")
+        other.unlink()
+        # A valid signature by a key that is not the pinned one.
+        impostor.export(wrongkey / "aws-efa-installer.key")
+        impostor.sign(wrongkey / name, wrongkey / f"{name}.sig")
+        fixtures = Fixtures(
+            root=str(out.resolve()),
+            efa_version=efa_version,
+            efa_tarball=name,
+            efa_sha256=sha256_file(good / name),
+            efa_key_fingerprint=signer.fingerprint,
+            impostor_fingerprint=impostor.fingerprint,
+        )
+    finally:
+        signer.close()
+        impostor.close()
+
+    if wheels:
+        (out / "wheels").mkdir(exist_ok=True)
+    for wheel in wheels:
+        if not wheel.is_file():
+            raise UserError(f"wheel {wheel} does not exist")
+        link = out / "wheels" / wheel.name
+        link.unlink(missing_ok=True)
+        link.symlink_to(wheel.resolve())
+        fixtures.wheels[wheel.name] = sha256_file(wheel)
+    (out / "fixture.json").write_text(json.dumps(asdict(fixtures), indent=2) + "\n")
+    return fixtures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuforge.artifacts.fixtures",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    p_build = sub.add_parser("build", help="write the signed fixtures and fixture.json")
+    p_build.add_argument("--out", required=True, type=Path)
+    p_build.add_argument("--efa-version", help="default: the efa_installer pin in versions.yml")
+    p_build.add_argument(
+        "--wheel", action="append", type=Path, default=[], help="a wheel to serve (repeatable)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        version = args.efa_version or versions.load().version("efa_installer")
+        fixtures = build(args.out, version, args.wheel)
+    except (UserError, ExternalError) as exc:
+        print(f"gpuforge: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(asdict(fixtures), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
