@@ -1,0 +1,263 @@
+"""Prometheus config, alert rules (promtool), the Grafana dashboard and the EFA textfile collector.
+
+promtool is the real rule engine (Debian package `prometheus`); the promtool tests skip, saying
+why, only where it is not installed. The EFA collector runs on a fake sysfs tree: a test double
+for /sys/class/infiniband on a host with EFA devices, which this machine has not.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OBS = ROOT / "observability"
+PROM = OBS / "prometheus"
+RULES = PROM / "rules" / "gpuforge-alerts.yml"
+RULE_TESTS = PROM / "tests" / "gpuforge-alerts.test.yml"
+DASHBOARD = OBS / "grafana" / "gpuforge-gpu.json"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (apt-get install prometheus provides it)"
+)
+
+
+def load_efa_collector() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("efa_textfile", OBS / "node-exporter" / "efa_textfile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def known_metrics() -> set[str]:
+    """Every metric observability/metrics.yml documents, read from each exporter's own list."""
+    exporters = yaml.safe_load((OBS / "metrics.yml").read_text())["gpuforge_metrics"]
+    known: set[str] = set()
+    for name, spec in exporters.items():
+        known.update(spec.get("metrics", []))
+        source = spec.get("metrics_from")
+        if source == "dcgm-exporter/counters.csv":
+            rows = csv.reader(
+                line for line in (OBS / source).read_text().splitlines() if not line.startswith("#")
+            )
+            known.update(row[0].strip() for row in rows if row)
+        elif source == "node-exporter/efa_textfile.py":
+            collector = load_efa_collector()
+            known.update(metric for metric, _ in collector.COUNTERS.values())
+            known.add(collector.UP_METRIC)
+        elif source is not None:
+            pytest.fail(f"metrics.yml: exporter {name} names an unknown metrics_from {source}")
+    return known
+
+
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression reads (functions, labels, keywords and literals removed)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)  # string literals
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range and subquery selectors
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)  # label lists
+    text = re.sub(r"\$\{?\w+\}?", "", text)  # Grafana variables
+    names = set()
+    for match in re.finditer(r"(?<![\w.])([A-Za-z_:][A-Za-z0-9_:]*)\s*(\()?", text):
+        name, call = match.group(1), match.group(2)
+        if call or name in _KEYWORDS or re.fullmatch(r"\d+[smhdwy]|[eE]", name):
+            continue
+        names.add(name)
+    return names
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def dashboard_targets() -> Iterator[tuple[str, str]]:
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel["targets"]:
+            yield panel["title"], target["expr"]
+
+
+def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@needs_promtool
+def test_rules_and_config_pass_promtool_check() -> None:
+    rules = promtool("check", "rules", str(RULES))
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    config = promtool("check", "config", str(PROM / "prometheus.yml"))
+    assert config.returncode == 0, config.stdout + config.stderr
+
+
+@needs_promtool
+def test_alert_unit_tests_pass() -> None:
+    result = promtool("test", "rules", str(RULE_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    cases = [case for test in tests for case in test["alert_rule_test"]]
+    for rule in alert_rules():
+        mine = [c for c in cases if c["alertname"] == rule["alert"]]
+        assert any(c["exp_alerts"] for c in mine), f"{rule['alert']} is never shown firing"
+        assert any(not c["exp_alerts"] for c in mine), f"{rule['alert']} is never shown quiet"
+
+
+# Each mutation breaks one alert's threshold or condition; the unit tests must notice.
+MUTATIONS = [
+    ("GPUUtilizationLow threshold", "DCGM_FI_DEV_GPU_UTIL < 60", "DCGM_FI_DEV_GPU_UTIL < 10"),
+    (
+        "GPUUtilizationLow memory condition",
+        "\n          and on (instance, gpu) DCGM_FI_DEV_FB_USED > 1024",
+        "",
+    ),
+    ("GPUTemperatureHigh boundary", "DCGM_FI_DEV_GPU_TEMP > 85", "DCGM_FI_DEV_GPU_TEMP >= 85"),
+    ("GPUXidError", "DCGM_FI_DEV_XID_ERRORS > 0", "DCGM_FI_DEV_XID_ERRORS > 100"),
+    ("EFAPacketLoss threshold", ") > 0.001", ") > 0.01"),
+    ("EFAPacketLoss retransmits", "\n          or\n", "\n          and\n"),
+    ("StorageNearQuota threshold", ") < 0.10", ") < 0.01"),
+    ("StorageNearQuota mountpoints", 'mountpoint=~"/fsx.*|', 'mountpoint=~"/.*|/fsx.*|'),
+]
+
+
+@needs_promtool
+@pytest.mark.parametrize(("what", "original", "mutant"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_unit_tests_catch_a_broken_rule(tmp_path: Path, what: str, original: str, mutant: str) -> None:
+    copy = tmp_path / "prometheus"
+    shutil.copytree(PROM, copy)
+    rules = copy / "rules" / "gpuforge-alerts.yml"
+    unit_tests = str(copy / "tests" / "gpuforge-alerts.test.yml")
+    assert promtool("test", "rules", unit_tests).returncode == 0, "the unmutated copy must pass"
+    text = rules.read_text()
+    assert original in text, f"mutation for {what} no longer matches the rules"
+    rules.write_text(text.replace(original, mutant))
+    assert promtool("check", "rules", str(rules)).returncode == 0, "mutant must still be a valid rule"
+    result = promtool("test", "rules", unit_tests)
+    assert result.returncode != 0, f"unit tests did not notice: {what}"
+
+
+def test_metric_name_extraction() -> None:
+    expr = 'sum by (node, device) (rate(a_total{x=~"b|c"}[$__rate_interval])) / on (node) b > 0.001 or up'
+    assert metric_names(expr) == {"a_total", "b", "up"}
+
+
+def test_rules_use_only_documented_metrics() -> None:
+    known = known_metrics()
+    for rule in alert_rules():
+        used = metric_names(rule["expr"])
+        assert used, f"{rule['alert']}: no metric found in {rule['expr']!r}"
+        assert used <= known, f"{rule['alert']} uses undocumented {sorted(used - known)}"
+
+
+def test_dashboard_parses_and_uses_only_documented_metrics() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "gpuforge-gpu"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "cluster", "node"} <= variables
+    known = known_metrics()
+    targets = list(dashboard_targets())
+    assert {title for title, _ in targets} == {p["title"] for p in dashboard["panels"]}
+    for title, expr in targets:
+        used = metric_names(expr)
+        assert used, f"panel {title!r}: no metric in {expr!r}"
+        assert used <= known, f"panel {title!r} uses undocumented {sorted(used - known)}"
+
+
+def test_every_alerted_metric_is_on_the_dashboard() -> None:
+    on_dashboard = set().union(*(metric_names(expr) for _, expr in dashboard_targets()))
+    for rule in alert_rules():
+        assert metric_names(rule["expr"]) <= on_dashboard, f"{rule['alert']} watches metrics no panel shows"
+
+
+def fake_sysfs(root: Path, devices: dict[str, str], counters: dict[str, int]) -> Path:
+    """A /sys/class/infiniband look-alike: name -> driver, each with port 1 and hw_counters."""
+    sysfs = root / "class" / "infiniband"
+    for name, driver in devices.items():
+        driver_dir = root / "bus" / "pci" / "drivers" / driver
+        driver_dir.mkdir(parents=True, exist_ok=True)
+        device = sysfs / name
+        (device / "device").mkdir(parents=True)
+        (device / "device" / "driver").symlink_to(driver_dir)
+        hw = device / "ports" / "1" / "hw_counters"
+        hw.mkdir(parents=True)
+        for counter, value in counters.items():
+            (hw / counter).write_text(f"{value}\n")
+    return sysfs
+
+
+def test_efa_collector_reads_only_efa_devices(tmp_path: Path) -> None:
+    collector = load_efa_collector()
+    counters = {
+        "tx_pkts": 1000,
+        "rx_pkts": 990,
+        "rx_drops": 3,
+        "retrans_pkts": 7,
+        "tx_bytes": 5,
+        "rx_bytes": 6,
+    }
+    sysfs = fake_sysfs(tmp_path, {"rdmap0s6": "efa", "rdmap1s6": "efa", "mlx5_0": "mlx5_core"}, counters)
+    text = collector.collect(sysfs)
+    assert "gpuforge_efa_devices 2" in text.splitlines()
+    assert 'gpuforge_efa_rx_drops_total{device="rdmap1s6",port="1"} 3' in text
+    assert "mlx5_0" not in text
+    emitted = {line.split("{")[0].split()[0] for line in text.splitlines() if not line.startswith("#")}
+    assert emitted <= known_metrics()
+    for metric, _ in collector.COUNTERS.values():
+        assert f"# TYPE {metric} counter" in text
+
+
+def test_efa_collector_on_a_host_without_efa_reports_zero_devices(tmp_path: Path) -> None:
+    collector = load_efa_collector()
+    text = collector.collect(tmp_path / "absent")
+    assert [line for line in text.splitlines() if not line.startswith("#")] == ["gpuforge_efa_devices 0"]
+
+
+def test_efa_collector_writes_the_textfile(tmp_path: Path) -> None:
+    collector = load_efa_collector()
+    sysfs = fake_sysfs(tmp_path / "sys", {"rdmap0s6": "efa"}, {"rx_pkts": 10, "rx_drops": 0})
+    out = tmp_path / "textfile"
+    assert collector.main(["--sysfs", str(sysfs), "--out", str(out)]) == 0
+    prom = out / "efa.prom"
+    assert prom.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in out.iterdir()] == ["efa.prom"]
+    if PROMTOOL is not None:
+        lint = subprocess.run(
+            [PROMTOOL, "check", "metrics"],
+            input=prom.read_text(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert lint.returncode == 0, lint.stdout + lint.stderr
