@@ -12,6 +12,7 @@ system resolver works, so the lab uses this instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import logging
 import os
@@ -45,6 +46,7 @@ def cache_file(cache_dir: Path, host: str, path: str) -> Path:
 class ProxyHandler(BaseHTTPRequestHandler):
     server_version = "gpuforge-lab-proxy/1"
     cache_dir: Path
+    allowed_hosts: frozenset[str] = ALLOWED_HOSTS
 
     def log_message(self, fmt: str, *args: object) -> None:
         log.info("%s %s", self.address_string(), fmt % args)
@@ -61,7 +63,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
     def _forward(self, head: bool) -> None:
         url = urlsplit(self.path)
         host = url.hostname or ""
-        if url.scheme != "http" or host not in ALLOWED_HOSTS:
+        if url.scheme != "http" or host not in self.allowed_hosts:
             self._refuse(host)
             return
         path = url.path + (f"?{url.query}" if url.query else "")
@@ -71,27 +73,28 @@ class ProxyHandler(BaseHTTPRequestHandler):
             return
         conn = http.client.HTTPConnection(host, url.port or 80, timeout=60)
         try:
-            conn.request("HEAD" if head else "GET", path, headers={"User-Agent": self.headers.get("User-Agent", "")})
+            conn.request(
+                "HEAD" if head else "GET", path, headers={"User-Agent": self.headers.get("User-Agent", "")}
+            )
             resp = conn.getresponse()
+            if target is not None and resp.status == 200 and not head:
+                # Fetch completely into the cache first, then serve from it: a cut download is
+                # never cached, and once a client has a file the next client gets it from disk.
+                self._fetch_into_cache(resp, target)
+                self._serve_cached(target, head=False)
+                return
             self.send_response(resp.status)
             for name, value in resp.getheaders():
                 if name.lower() not in {"connection", "transfer-encoding", "keep-alive"}:
                     self.send_header(name, value)
             self.send_header("Connection", "close")
             self.end_headers()
-            if head:
-                return
-            if target is not None and resp.status == 200:
-                self._stream_and_cache(resp, target)
-            else:
+            if not head:
                 shutil.copyfileobj(resp, self.wfile, _CHUNK)
         except (OSError, http.client.HTTPException) as exc:
             log.warning("upstream %s failed: %s", self.path, exc)
-            if not self.wfile.closed:
-                try:
-                    self.send_error(502, f"upstream error: {exc}")
-                except OSError:
-                    pass
+            with contextlib.suppress(OSError):  # The client may be gone already.
+                self.send_error(502, f"upstream error: {exc}")
         finally:
             conn.close()
             self.close_connection = True
@@ -106,26 +109,21 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 shutil.copyfileobj(src, self.wfile, _CHUNK)
         self.close_connection = True
 
-    def _stream_and_cache(self, resp: http.client.HTTPResponse, target: Path) -> None:
+    @staticmethod
+    def _fetch_into_cache(resp: http.client.HTTPResponse, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        # Written to a temporary name and renamed, so a cut download is never served later.
         fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
-        ok = False
         try:
             with os.fdopen(fd, "wb") as tmp:
-                while chunk := resp.read(_CHUNK):
-                    tmp.write(chunk)
-                    self.wfile.write(chunk)
-            ok = True
-        finally:
-            if ok:
-                Path(tmp_name).replace(target)
-            else:
-                Path(tmp_name).unlink(missing_ok=True)
+                shutil.copyfileobj(resp, tmp, _CHUNK)
+            Path(tmp_name).replace(target)
+        except BaseException:
+            Path(tmp_name).unlink(missing_ok=True)
+            raise
 
     def do_CONNECT(self) -> None:
         host, _, port = self.path.partition(":")
-        if host not in ALLOWED_HOSTS or port not in {"443", ""}:
+        if host not in self.allowed_hosts or port not in {"443", ""}:
             self._refuse(host)
             return
         try:
@@ -155,8 +153,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
             upstream.close()
 
 
-def serve(listen: str, port: int, cache_dir: Path) -> ThreadingHTTPServer:
-    handler = type("BoundProxyHandler", (ProxyHandler,), {"cache_dir": cache_dir})
+def serve(
+    listen: str, port: int, cache_dir: Path, extra_hosts: frozenset[str] = frozenset()
+) -> ThreadingHTTPServer:
+    """A proxy server (not yet serving); extra_hosts widens the allow-list (tests use loopback)."""
+    attrs = {"cache_dir": cache_dir, "allowed_hosts": ALLOWED_HOSTS | extra_hosts}
+    handler = type("BoundProxyHandler", (ProxyHandler,), attrs)
     server = ThreadingHTTPServer((listen, port), handler)
     server.daemon_threads = True
     return server

@@ -29,15 +29,21 @@ def register(sub: Any) -> None:
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = lab_sub.add_parser(name, help=help_text)
-        parser.add_argument("--name", default=DEFAULT_NAME, help="lab name (default: %(default)s, or $GPUFORGE_LAB)")
+        parser.add_argument(
+            "--name", default=DEFAULT_NAME, help="lab name (default: %(default)s, or $GPUFORGE_LAB)"
+        )
         return parser
 
     p_up = add("up", "create the hosts, the package proxy and moto, and register the hosts as EC2 instances")
-    p_up.add_argument("--nodes", type=_positive, default=3, help="hosts: 1 head node + N-1 compute (default 3)")
+    p_up.add_argument(
+        "--nodes", type=_positive, default=3, help="hosts: 1 head node + N-1 compute (default 3)"
+    )
     p_up.add_argument("--moto-port", type=_positive, default=5000, help="loopback port for moto_server")
     p_up.add_argument("--no-ec2", action="store_true", help="hosts only, no moto (what Molecule uses)")
     p_up.add_argument("--cluster-name", default="lab", help="value of the parallelcluster:cluster-name tag")
-    p_up.add_argument("--compute-type", default="p5.48xlarge", help="instance type recorded for compute nodes")
+    p_up.add_argument(
+        "--compute-type", default="p5.48xlarge", help="instance type recorded for compute nodes"
+    )
     p_up.add_argument("--json", action="store_true", help="print the lab state as JSON")
     p_up.set_defaults(handler=_up)
 
@@ -48,7 +54,7 @@ def register(sub: Any) -> None:
     p_status.add_argument("--json", action="store_true")
     p_status.set_defaults(handler=_status)
 
-    p_env = add("env", "print shell exports for Ansible/boto3 against the lab: eval \"$(gpuforge lab env)\"")
+    p_env = add("env", 'print shell exports for Ansible/boto3 against the lab: eval "$(gpuforge lab env)"')
     p_env.set_defaults(handler=_env)
 
     p_ssh = add("ssh", "open SSH to a lab host, or run a command there")
@@ -59,7 +65,10 @@ def register(sub: Any) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     spec = core.LabSpec(
-        name=args.name, nodes=args.nodes, cluster_name=args.cluster_name, compute_type=args.compute_type,
+        name=args.name,
+        nodes=args.nodes,
+        cluster_name=args.cluster_name,
+        compute_type=args.compute_type,
         moto_port=None if args.no_ec2 else args.moto_port,
     )
     lab = core.up(spec)
@@ -84,8 +93,10 @@ def _print_hosts(info: dict[str, Any]) -> None:
     print(f"{'HOST':28} {'IP':14} {'ROLE':9} {'TYPE':14} {'INSTANCE':21} STATE")
     for node in info["hosts"]:
         health = "ssh-ok" if node["ssh"] else ("running" if node["running"] else "stopped")
-        print(f"{node['name']:28} {node['ip']:14} {node['role']:9} {node['instance_type']:14} "
-              f"{node['instance_id'] or '-':21} {health}")
+        print(
+            f"{node['name']:28} {node['ip']:14} {node['role']:9} {node['instance_type']:14} "
+            f"{node['instance_id'] or '-':21} {health}"
+        )
     if info["moto_url"]:
         print(f"emulated AWS (moto): {info['moto_url']} {'running' if info['moto_running'] else 'STOPPED'}")
     print(f"ssh: user {info['ssh_user']}, key {info['ssh_key']}; state: {info['state_file']}")
@@ -113,7 +124,9 @@ def _ssh(args: argparse.Namespace) -> int:
         raise UserError(f"lab {args.name!r} is not up")
     matches = [h for h in lab.hosts if args.host in (h.name, h.ip, h.instance_id)]
     if not matches:
-        raise UserError(f"no host {args.host!r} in lab {args.name!r}; hosts: {', '.join(h.name for h in lab.hosts)}")
+        raise UserError(
+            f"no host {args.host!r} in lab {args.name!r}; hosts: {', '.join(h.name for h in lab.hosts)}"
+        )
     cmd = host.ssh_command(lab, matches[0], *args.remote, connect_timeout=5)
     sys.stdout.flush()
-    os.execvp(cmd[0], cmd)
+    os.execvp(cmd[0], cmd)  # noqa: S606 (replace this process with ssh, like `ssh` itself)

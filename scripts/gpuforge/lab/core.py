@@ -51,14 +51,23 @@ def _plan_hosts(spec: LabSpec, prefix: str) -> list[HostState]:
     head_ip = f"{prefix}.10"
     # ParallelCluster keeps EC2's ip-a-b-c-d name on the head node and names compute nodes
     # after their Slurm node (<queue>-st-<compute-resource>-<n>); the lab does the same.
-    hosts.append(HostState(name="ip-" + head_ip.replace(".", "-"), ip=head_ip, role="HeadNode",
-                           instance_type=spec.head_type))
+    hosts.append(
+        HostState(
+            name="ip-" + head_ip.replace(".", "-"), ip=head_ip, role="HeadNode", instance_type=spec.head_type
+        )
+    )
     resource = spec.compute_type.replace(".", "-")
     for number in range(1, spec.nodes):
-        hosts.append(HostState(
-            name=f"{spec.queue}-st-{resource}-{number}", ip=f"{prefix}.{10 + number}", role="Compute",
-            instance_type=spec.compute_type, queue=spec.queue, compute_resource=resource,
-        ))
+        hosts.append(
+            HostState(
+                name=f"{spec.queue}-st-{resource}-{number}",
+                ip=f"{prefix}.{10 + number}",
+                role="Compute",
+                instance_type=spec.compute_type,
+                queue=spec.queue,
+                compute_resource=resource,
+            )
+        )
     return hosts
 
 
@@ -71,7 +80,9 @@ def _validate(spec: LabSpec) -> None:
 
 
 def _alive(lab: LabState) -> bool:
-    return any(system.pid_alive(h.pid, h.netns) for h in lab.hosts) or system.pid_alive(lab.moto_pid, "motoserver")
+    return any(system.pid_alive(h.pid, h.netns) for h in lab.hosts) or system.pid_alive(
+        lab.moto_pid, "motoserver"
+    )
 
 
 def up(spec: LabSpec) -> LabState:
@@ -99,8 +110,13 @@ def up(spec: LabSpec) -> LabState:
         prefix = f"10.213.{index}"
         directory = state.lab_root() / spec.name
         lab = LabState(
-            name=spec.name, index=index, cluster_name=spec.cluster_name, subnet_prefix=prefix,
-            bridge=network.bridge_name(index), ssh_user=rootfs.SSH_USER, ssh_key=str(directory / "ssh" / "id_ed25519"),
+            name=spec.name,
+            index=index,
+            cluster_name=spec.cluster_name,
+            subnet_prefix=prefix,
+            bridge=network.bridge_name(index),
+            ssh_user=rootfs.SSH_USER,
+            ssh_key=str(directory / "ssh" / "id_ed25519"),
             hosts=_plan_hosts(spec, prefix),
         )
         state.save(lab)
@@ -117,7 +133,9 @@ def _bring_up(lab: LabState, lower: Path, moto_port: int | None) -> None:
     key = Path(lab.ssh_key)
     key.parent.mkdir(parents=True, exist_ok=True)
     if not key.exists():
-        system.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpuforge-lab-{lab.name}", "-f", str(key)])
+        system.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpuforge-lab-{lab.name}", "-f", str(key)]
+        )
     public_key = key.with_suffix(".pub").read_text()
     network.create_bridge(lab.bridge, lab.gateway)
     lab.proxy_port = host.PROXY_PORT
@@ -163,9 +181,21 @@ def _start_proxy(lab: LabState) -> int:
     cache = state.cache_root() / "packages"
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuforge.lab.aptproxy", "--listen", lab.gateway, "--port", str(lab.proxy_port),
-             "--cache", str(cache)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "gpuforge.lab.aptproxy",
+                "--listen",
+                lab.gateway,
+                "--port",
+                str(lab.proxy_port),
+                "--cache",
+                str(cache),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     return proc.pid
 
@@ -223,6 +253,8 @@ def env_exports(name: str) -> dict[str, str]:
         "ANSIBLE_PRIVATE_KEY_FILE": lab.ssh_key,
         "ANSIBLE_REMOTE_USER": lab.ssh_user,
         "GPUFORGE_CLUSTER_NAME": lab.cluster_name,
+        # Each lab (and each incarnation of it) gets its own inventory cache, never a stale one.
+        "ANSIBLE_INVENTORY_CACHE_CONNECTION": str(lab.directory / "inventory-cache"),
     }
     if lab.moto_url:
         values.update(MotoServer(port=lab.moto_port or 0, log_path=Path("/dev/null")).env())

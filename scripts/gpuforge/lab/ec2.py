@@ -22,12 +22,22 @@ def placement_group_name(lab: LabState) -> str:
 def _network_interfaces(host: HostState, subnet: str, group: str) -> list[dict[str, Any]]:
     efa = instance_types.get(host.instance_type).efa_interfaces
     primary: dict[str, Any] = {
-        "DeviceIndex": 0, "NetworkCardIndex": 0, "SubnetId": subnet, "Groups": [group],
-        "PrivateIpAddress": host.ip, "InterfaceType": "efa" if efa else "interface",
+        "DeviceIndex": 0,
+        "NetworkCardIndex": 0,
+        "SubnetId": subnet,
+        "Groups": [group],
+        "PrivateIpAddress": host.ip,
+        "InterfaceType": "efa" if efa else "interface",
     }
     # EC2 gives every further network card of an EFA type one EFA interface at device index 0.
     extra = [
-        {"DeviceIndex": 0, "NetworkCardIndex": card, "SubnetId": subnet, "Groups": [group], "InterfaceType": "efa"}
+        {
+            "DeviceIndex": 0,
+            "NetworkCardIndex": card,
+            "SubnetId": subnet,
+            "Groups": [group],
+            "InterfaceType": "efa",
+        }
         for card in range(1, efa)
     ]
     return [primary, *extra]
@@ -69,7 +79,11 @@ def register(lab: LabState) -> None:
         if host.role == "Compute":
             placement["GroupName"] = placement_group_name(lab)
         reservation = ec2.run_instances(
-            ImageId=image, InstanceType=host.instance_type, MinCount=1, MaxCount=1, Placement=placement,
+            ImageId=image,
+            InstanceType=host.instance_type,
+            MinCount=1,
+            MaxCount=1,
+            Placement=placement,
             NetworkInterfaces=_network_interfaces(host, subnet, group),
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
             TagSpecifications=[{"ResourceType": "instance", "Tags": _tags(lab, host)}],

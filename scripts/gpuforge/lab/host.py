@@ -39,10 +39,17 @@ def mount_overlay(lab: LabState, host: HostState, lower: Path) -> Path:
     for path in (upper, work, merged):
         path.mkdir(parents=True, exist_ok=True)
     if not system.is_mounted(merged):
-        system.run([
-            "mount", "-t", "overlay", "overlay", "-o",
-            f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged),
-        ])
+        system.run(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={lower},upperdir={upper},workdir={work}",
+                str(merged),
+            ]
+        )
     return merged
 
 
@@ -77,7 +84,8 @@ def personalise(lab: LabState, host: HostState, root: Path, public_key: str) -> 
         shutil.chown(path, uid, gid)
     proxy = f"http://{lab.gateway}:{PROXY_PORT}"
     (root / "etc/apt/apt.conf.d/01gpuforge-lab-proxy").write_text(
-        f'// The lab reaches Debian only through the control host\'s caching proxy.\nAcquire::http::Proxy "{proxy}";\n'
+        "// The lab reaches Debian only through the control host's caching proxy.\n"
+        f'Acquire::http::Proxy "{proxy}";\n'
     )
     (root / "etc/pip.conf").write_text(f"[global]\nproxy = {proxy}\n")
 
@@ -88,21 +96,45 @@ def boot(lab: LabState, host: HostState, root: Path) -> int:
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
             [
-                "systemd-nspawn", "--quiet", "--boot", f"--directory={root}", f"--machine={host.netns}",
-                f"--hostname={host.name}", f"--network-namespace-path=/run/netns/{host.netns}",
-                "--register=no", "--keep-unit", "--console=passive", "--resolv-conf=off",
-                "--timezone=off", "--link-journal=no",
+                "systemd-nspawn",
+                "--quiet",
+                "--boot",
+                f"--directory={root}",
+                f"--machine={host.netns}",
+                f"--hostname={host.name}",
+                f"--network-namespace-path=/run/netns/{host.netns}",
+                "--register=no",
+                "--keep-unit",
+                "--console=passive",
+                "--resolv-conf=off",
+                "--timezone=off",
+                "--link-journal=no",
             ],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     return proc.pid
 
 
 def ssh_command(lab: LabState, host: HostState, *remote: str, connect_timeout: int = 2) -> list[str]:
     return [
-        "ssh", "-i", lab.ssh_key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-        "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", f"ConnectTimeout={connect_timeout}",
-        f"{lab.ssh_user}@{host.ip}", *remote,
+        "ssh",
+        "-i",
+        lab.ssh_key,
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        f"ConnectTimeout={connect_timeout}",
+        f"{lab.ssh_user}@{host.ip}",
+        *remote,
     ]
 
 
@@ -115,7 +147,9 @@ def wait_ssh(lab: LabState, host: HostState, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not system.pid_alive(host.pid, host.netns):
-            raise ExternalError(f"host {host.name} stopped while booting; see {lab.directory}/logs/{host.name}.log")
+            raise ExternalError(
+                f"host {host.name} stopped while booting; see {lab.directory}/logs/{host.name}.log"
+            )
         if ssh_ok(lab, host):
             return
         time.sleep(0.3)

@@ -23,12 +23,12 @@ _STRATEGIES = {"cluster", "spread", "partition"}
 _ids = itertools.count(1)
 
 
-class _DuplicateGroup(EC2ClientError):
+class _DuplicateGroupError(EC2ClientError):
     def __init__(self, name: str) -> None:
         super().__init__("InvalidPlacementGroup.Duplicate", f"The placement group '{name}' already exists.")
 
 
-class _UnknownGroup(EC2ClientError):
+class _UnknownGroupError(EC2ClientError):
     def __init__(self, name: str) -> None:
         super().__init__("InvalidPlacementGroup.Unknown", f"The placement group '{name}' is unknown.")
 
@@ -48,7 +48,7 @@ def create_placement_group(self: EC2Response) -> ActionResult:
     self.error_on_dryrun()
     groups = _groups(self.ec2_backend)
     if name in groups:
-        raise _DuplicateGroup(name)
+        raise _DuplicateGroupError(name)
     tags = self._parse_tag_specification().get("placement-group", {})
     group_id = f"pg-{next(_ids):017x}"
     groups[name] = {
@@ -69,9 +69,11 @@ def describe_placement_groups(self: EC2Response) -> ActionResult:
     groups = _groups(self.ec2_backend)
     for name in names:
         if name not in groups:
-            raise _UnknownGroup(name)
+            raise _UnknownGroupError(name)
     selected = [
-        g for g in groups.values() if (not names or g["GroupName"] in names) and (not ids or g["GroupId"] in ids)
+        g
+        for g in groups.values()
+        if (not names or g["GroupName"] in names) and (not ids or g["GroupId"] in ids)
     ]
     return ActionResult({"PlacementGroups": selected})
 
@@ -80,7 +82,7 @@ def delete_placement_group(self: EC2Response) -> ActionResult:
     name = self._get_param("GroupName")
     self.error_on_dryrun()
     if _groups(self.ec2_backend).pop(name, None) is None:
-        raise _UnknownGroup(name)
+        raise _UnknownGroupError(name)
     return ActionResult({})
 
 
@@ -90,7 +92,7 @@ _original_run_instances = EC2Response.run_instances
 def run_instances(self: EC2Response) -> ActionResult:
     group_name = self._get_param("Placement.GroupName")
     if group_name and group_name not in _groups(self.ec2_backend):
-        raise _UnknownGroup(group_name)
+        raise _UnknownGroupError(group_name)
     before = {i.id for i in self.ec2_backend.all_instances()}
     result = _original_run_instances(self)
     if group_name:
@@ -117,13 +119,16 @@ def prep_nics(self: Instance, nic_spec: list[dict[str, Any]], *args: Any, **kwar
         nic = self.nics.get(int(spec.get("DeviceIndex", 0)))
         if nic is not None:
             nic.interface_type = spec.get("InterfaceType", "interface")
-            nic.network_card_index = 0
+            nic.network_card_index = 0  # type: ignore[attr-defined]
     for spec in other_cards:
         card = int(spec["NetworkCardIndex"])
         device_index = int(spec.get("DeviceIndex", 1))
         subnet = self.ec2_backend.get_subnet(spec.get("SubnetId") or self.subnet_id)
         nic = self.ec2_backend.create_network_interface(
-            subnet, spec.get("PrivateIpAddress"), device_index=device_index, group_ids=spec.get("Groups") or []
+            subnet,
+            spec.get("PrivateIpAddress"),
+            device_index=device_index,
+            group_ids=spec.get("Groups") or [],
         )
         nic.interface_type = spec.get("InterfaceType", "interface")
         nic.network_card_index = card
@@ -141,6 +146,6 @@ def install() -> None:
     EC2Response.create_placement_group = create_placement_group  # type: ignore[attr-defined]
     EC2Response.describe_placement_groups = describe_placement_groups  # type: ignore[attr-defined]
     EC2Response.delete_placement_group = delete_placement_group  # type: ignore[attr-defined]
-    EC2Response.run_instances = run_instances  # type: ignore[method-assign]
+    EC2Response.run_instances = run_instances  # type: ignore[method-assign,assignment]
     Instance.prep_nics = prep_nics  # type: ignore[method-assign]
     Attachment.__init__ = attachment_init  # type: ignore[method-assign]

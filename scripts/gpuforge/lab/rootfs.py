@@ -20,8 +20,22 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 SSH_USER = "admin"  # Debian's cloud images use "admin"; ParallelCluster's Ubuntu images use "ubuntu".
 PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-apt", "sudo", "iproute2",
-    "iputils-ping", "ca-certificates", "gnupg", "procps", "kmod", "curl", "xz-utils", "less",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-apt",
+    "sudo",
+    "iproute2",
+    "iputils-ping",
+    "ca-certificates",
+    "gnupg",
+    "procps",
+    "kmod",
+    "curl",
+    "xz-utils",
+    "less",
 )
 # Bump when the customisation below changes, so cached trees are rebuilt.
 _RECIPE_VERSION = "3"
@@ -78,7 +92,19 @@ def _customise(root: Path) -> None:
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()  # Every host gets its own keys at creation.
     (root / "etc/machine-id").write_text("")
-    system.run(["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", "--groups", "sudo", SSH_USER])
+    system.run(
+        [
+            "chroot",
+            str(root),
+            "useradd",
+            "--create-home",
+            "--shell",
+            "/bin/bash",
+            "--groups",
+            "sudo",
+            SSH_USER,
+        ]
+    )
     sudoers = root / "etc/sudoers.d/90-gpuforge-lab"
     sudoers.write_text(f"{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n")
     sudoers.chmod(0o440)

@@ -116,4 +116,6 @@ def allocate_index() -> int:
     for index in range(1, 250):
         if index not in used:
             return index
-    raise UserError("no free lab subnet: 249 labs are up; bring some down with `gpuforge lab down --name NAME`")
+    raise UserError(
+        "no free lab subnet: 249 labs are up; bring some down with `gpuforge lab down --name NAME`"
+    )

@@ -24,11 +24,15 @@ REQUIRED_TOOLS = {
 }
 
 
-def run(cmd: Sequence[str], *, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: Sequence[str], *, check: bool = True, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
     log.debug("run: %s", " ".join(cmd))
     proc = subprocess.run(list(cmd), capture_output=True, text=True, input=input_text, check=False)
     if check and proc.returncode != 0:
-        raise ExternalError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+        raise ExternalError(
+            f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
+        )
     return proc
 
 
@@ -37,7 +41,9 @@ def require_root_and_tools() -> None:
         raise UserError("the lab needs root: it creates network namespaces, overlay mounts and containers")
     missing = sorted({pkg for tool, pkg in REQUIRED_TOOLS.items() if shutil.which(tool) is None})
     if missing:
-        raise UserError(f"missing tools for the lab; install them with: apt-get install -y {' '.join(missing)}")
+        raise UserError(
+            f"missing tools for the lab; install them with: apt-get install -y {' '.join(missing)}"
+        )
 
 
 def is_mounted(path: Path) -> bool:

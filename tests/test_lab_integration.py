@@ -1,0 +1,164 @@
+"""The lab end to end: real hosts over SSH, moto as EC2, the real aws_ec2 inventory, clean teardown.
+
+Needs root, systemd-nspawn and debootstrap (the CI runs as root and installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuforge.lab import state
+from gpuforge.lab.moto import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = "itest"
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
+        reason="the lab needs root and systemd-nspawn (apt-get install systemd-container)",
+    ),
+]
+
+
+def gpuforge(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["gpuforge", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+
+
+def lab_env() -> dict[str, str]:
+    out = gpuforge("lab", "env", "--name", LAB)
+    assert out.returncode == 0, out.stderr
+    pairs = (line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
+    return {k: v.strip("'") for k, v in pairs}
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[dict[str, object]]:
+    gpuforge("lab", "down", "--name", LAB)
+    port = free_port()
+    up = gpuforge("lab", "up", "--name", LAB, "--nodes", "3", "--moto-port", str(port), "--json")
+    assert up.returncode == 0, up.stderr
+    info: dict[str, object] = json.loads(up.stdout)
+    yield info
+    gpuforge("lab", "down", "--name", LAB)
+
+
+def test_every_host_answers_ssh_with_its_own_name(lab: dict[str, object]) -> None:
+    hosts = lab["hosts"]
+    assert isinstance(hosts, list) and len(hosts) == 3
+    for node in hosts:
+        out = gpuforge("lab", "ssh", "--name", LAB, node["name"], "--", "hostname; ps -p 1 -o comm=")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == [node["name"], "systemd"]
+
+
+def test_inventory_groups_by_parallelcluster_tags(lab: dict[str, object]) -> None:
+    env = lab_env()
+    out = subprocess.run(
+        ["ansible-inventory", "-i", "inventory/aws_ec2.yml", "--graph", "--flush-cache"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **env},
+        check=True,
+    )
+    for group in (
+        "@cluster_lab",
+        "@node_type_HeadNode",
+        "@node_type_Compute",
+        "@queue_gpu",
+        "@instance_type_p5_48xlarge",
+        "@head_node",
+        "@compute",
+    ):
+        assert group in out.stdout, out.stdout
+    listing = subprocess.run(
+        ["ansible-inventory", "-i", "inventory/aws_ec2.yml", "--list"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **env},
+        check=True,
+    )
+    hostvars = json.loads(listing.stdout)["_meta"]["hostvars"]
+    # ansible-inventory marks values from the cloud as unsafe: {"__ansible_unsafe": "10.213.1.10"}.
+    addresses = [
+        v["ansible_host"].get("__ansible_unsafe")
+        if isinstance(v["ansible_host"], dict)
+        else v["ansible_host"]
+        for v in hostvars.values()
+    ]
+    assert sorted(addresses) == sorted(h["ip"] for h in lab["hosts"])
+
+
+def test_ansible_ping_reaches_every_host(lab: dict[str, object]) -> None:
+    out = subprocess.run(
+        ["ansible", "all", "-m", "ansible.builtin.ping"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **lab_env()},
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("SUCCESS") == 3
+
+
+def test_hosts_install_debian_packages_through_the_proxy(lab: dict[str, object]) -> None:
+    out = gpuforge(
+        "lab",
+        "ssh",
+        "--name",
+        LAB,
+        lab["hosts"][1]["name"],
+        "--",
+        "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hello "
+        ">/dev/null && hello",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Hello, world!" in out.stdout
+
+
+def test_second_up_is_refused(lab: dict[str, object]) -> None:
+    again = gpuforge("lab", "up", "--name", LAB)
+    assert again.returncode == 2
+    assert "already up" in again.stderr
+
+
+def test_busy_moto_port_is_refused(lab: dict[str, object]) -> None:
+    other = gpuforge("lab", "up", "--name", "itest2", "--moto-port", str(lab["moto_port"]))
+    assert other.returncode == 2
+    assert "already in use" in other.stderr
+    assert state.load("itest2") is None
+
+
+def test_down_leaves_nothing_behind(lab: dict[str, object]) -> None:
+    down = gpuforge("lab", "down", "--name", LAB)
+    assert down.returncode == 0, down.stderr
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert f"gpuforge-{LAB}-" not in netns
+    assert not Path(f"/sys/class/net/{lab['bridge']}").exists()
+    lab_dir = str(state.lab_root() / LAB)
+    assert lab_dir not in Path("/proc/self/mounts").read_text()
+    assert not Path(lab_dir).exists()
+    pids = [h["pid"] for h in lab["hosts"]] + [lab["moto_pid"], lab["proxy_pid"]]
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z", f"pid {pid} still running"
+    assert gpuforge("lab", "status", "--name", LAB).returncode == 2
