@@ -15,6 +15,7 @@ from typing import Any
 import boto3
 import pytest
 
+from gpuforge import cli as gpuforge_cli
 from gpuforge import instance_types
 from gpuforge.errors import UserError
 from gpuforge.lab.moto import MotoServer
@@ -323,3 +324,11 @@ def test_cli_bad_input_is_a_user_error(argv: list[str], message: str) -> None:
     with pytest.raises(UserError, match=message) as excinfo:
         cli(["preflight", *argv])
     assert excinfo.value.exit_code == 2
+
+
+def test_registered_in_the_gpuforge_command(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    lab.launch(count=1, efa=0)
+    assert gpuforge_cli.main(["preflight", "--cluster-name", CLUSTER]) == 1
+    assert "efa-interfaces" in capsys.readouterr().out
+    assert gpuforge_cli.main(["preflight", "--cluster-name", CLUSTER, "--region", "nowhere"]) == 2
+    assert "gpuforge: error: --region" in capsys.readouterr().err
