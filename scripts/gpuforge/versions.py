@@ -14,8 +14,10 @@ import yaml
 from gpuforge import paths
 from gpuforge.errors import UserError
 
-# A pin is an exact version: digits and dots, optionally a "-suffix" (dcgm-exporter's "3.3.9-3.6.1").
-_VERSION_RE = re.compile(r"^\d+(\.\d+)*([.-][0-9A-Za-z.]+)?$")
+# A pin is an exact version: dotted numbers, optionally a "-suffix" (dcgm-exporter's "3.3.9-3.6.1").
+# roles/gpuforge_common/tasks/load_data.yml applies the same pattern (a test keeps them equal).
+VERSION_PATTERN = r"^[0-9]+([.][0-9]+)+(-[0-9A-Za-z.]+)?$"
+_VERSION_RE = re.compile(VERSION_PATTERN)
 TAG_PREFIX = "gpuforge:"
 HASH_TAG = "gpuforge:versions-hash"
 

@@ -1,0 +1,78 @@
+"""Repository-level contracts: pinned collections, the versions manifest, ansible.cfg."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuforge import versions
+from gpuforge.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_requirements_yml_is_satisfied_by_the_pinned_ansible_package() -> None:
+    """Every collection in requirements.yml is installed, at exactly that version, with no Galaxy access."""
+    wanted = {
+        c["name"]: c["version"]
+        for c in yaml.safe_load((REPO / "requirements.yml").read_text())["collections"]
+    }
+    out = subprocess.run(
+        ["ansible-galaxy", "collection", "list", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    installed: dict[str, str] = {}
+    for path_collections in json.loads(out.stdout).values():
+        for name, info in path_collections.items():
+            installed.setdefault(name, info["version"])
+    assert {name: installed.get(name) for name in wanted} == wanted
+
+
+def test_ansible_cfg_points_at_this_repository() -> None:
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "ansible.cfg")
+    assert cfg["defaults"]["roles_path"] == "./roles"
+    assert cfg["defaults"]["inventory"] == "./inventory/aws_ec2.yml"
+    assert cfg["ssh_connection"].getboolean("pipelining")
+    assert cfg["defaults"]["fact_caching"] == "jsonfile"
+    assert int(cfg["defaults"]["forks"]) > 5
+
+
+def test_versions_manifest_loads_and_tags_every_component() -> None:
+    manifest = versions.load()
+    tags = manifest.image_tags()
+    assert tags[versions.HASH_TAG] == manifest.digest
+    assert {k.removeprefix(versions.TAG_PREFIX) for k in tags if k != versions.HASH_TAG} == set(
+        manifest.components
+    )
+    assert all(len(v) <= 256 for v in tags.values())  # EC2's tag value limit.
+
+
+@pytest.mark.parametrize("bad", ["latest", ">=1.2", "1.x", "2", "~1.2", ""])
+def test_versions_manifest_refuses_inexact_pins(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "versions.yml"
+    path.write_text(f'gpuforge_versions:\n  nccl:\n    version: "{bad}"\n')
+    with pytest.raises(UserError, match="pin an exact version"):
+        versions.load(path)
+
+
+def test_versions_hash_changes_with_any_pin(tmp_path: Path) -> None:
+    base = versions.load()
+    path = tmp_path / "versions.yml"
+    changed = {name: dict(pins) for name, pins in base.components.items()}
+    first = next(iter(changed))
+    changed[first]["version"] = changed[first]["version"] + ".1"
+    path.write_text(yaml.safe_dump({"gpuforge_versions": changed}))
+    assert versions.load(path).digest != base.digest
+
+
+def test_role_and_cli_validate_pins_with_the_same_pattern() -> None:
+    task = (REPO / "roles/gpuforge_common/tasks/load_data.yml").read_text()
+    assert f"is match('{versions.VERSION_PATTERN}')" in task
