@@ -21,7 +21,7 @@ from gpuforge.errors import UserError
 from gpuforge.lab.moto import MotoServer
 from gpuforge.preflight import cli as preflight_cli
 from gpuforge.preflight import runner
-from gpuforge.preflight.cluster import CLUSTER_TAG, NODE_TYPE_TAG
+from gpuforge.preflight.cluster import CLUSTER_TAG, NODE_TYPE_TAG, QUEUE_TAG
 from gpuforge.preflight.result import CheckResult, Status, render_table
 
 CLUSTER = "train"
@@ -58,6 +58,7 @@ class Lab:
         group: str | None = "default",
         sg: str | None = None,
         node_type: str = "Compute",
+        queue: str | None = None,
     ) -> list[str]:
         """Launch count nodes; efa defaults to the type's EFA count from data/instance_types.yml."""
         efa_count = instance_types.get(instance_type).efa_interfaces if efa is None else efa
@@ -76,6 +77,8 @@ class Lab:
         if group is not None:
             placement["GroupName"] = self.placement_group if group == "default" else group
         tags = [{"Key": CLUSTER_TAG, "Value": CLUSTER}, {"Key": NODE_TYPE_TAG, "Value": node_type}]
+        if queue is not None:
+            tags.append({"Key": QUEUE_TAG, "Value": queue})
         reservation = self.ec2.run_instances(
             ImageId=self.ami,
             MinCount=count,
@@ -90,6 +93,16 @@ class Lab:
         return ids
 
 
+_AMI: list[str] = []
+
+
+def moto_ami(ec2: Any) -> str:
+    """One of moto's built-in AMIs; they survive resets, and listing them takes seconds, so once."""
+    if not _AMI:
+        _AMI.append(ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"])
+    return _AMI[0]
+
+
 @pytest.fixture
 def lab(aws: MotoServer) -> Lab:
     ec2 = boto3.client("ec2")
@@ -98,7 +111,7 @@ def lab(aws: MotoServer) -> Lab:
         az: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=az)["Subnet"]["SubnetId"]
         for az, cidr in (("us-east-1a", "10.0.1.0/24"), ("us-east-1b", "10.0.2.0/24"))
     }
-    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ami = moto_ami(ec2)
     built = Lab(ec2=ec2, ami=ami, subnets=subnets, efa_sg="")
     built.efa_sg = built.security_group(ingress=True, egress=True, name="efa")
     ec2.create_placement_group(GroupName=built.placement_group, Strategy="cluster")
@@ -106,7 +119,7 @@ def lab(aws: MotoServer) -> Lab:
 
 
 def run(
-    placement_group: str | None = None, spare_nodes: int = 1, quotas: Any = None
+    placement_group: str | None = None, spare_nodes: int = 1, quotas: Any = None, queue: str | None = None
 ) -> dict[str, CheckResult]:
     results = runner.run(
         boto3.client("ec2"),
@@ -114,6 +127,7 @@ def run(
         CLUSTER,
         placement_group=placement_group,
         spare_nodes=spare_nodes,
+        queue=queue,
     )
     return {r.name: r for r in results}
 
@@ -185,6 +199,41 @@ def test_nodes_in_two_azs_fail(lab: Lab) -> None:
     results = run()
     assert results["single-az"].status is Status.FAIL
     assert "us-east-1a: 2, us-east-1b: 1" in results["single-az"].detail
+
+
+def test_queues_are_checked_each_in_its_own_group_and_az(lab: Lab) -> None:
+    """ParallelCluster gives every queue its own subnet and placement group: that is not a failure."""
+    lab.ec2.create_placement_group(GroupName="other-pg", Strategy="cluster")
+    lab.launch(count=2, queue="gpu-a")
+    lab.launch(count=1, queue="gpu-b", az="us-east-1b", group="other-pg")
+    results = run()
+    for queue in ("gpu-a", "gpu-b"):
+        for check in ("placement-group", "placement-group-capacity", "single-az"):
+            assert results[f"{check}[{queue}]"].status is Status.PASS, results[f"{check}[{queue}]"]
+    assert "other-pg" in results["placement-group[gpu-b]"].detail
+    assert results["efa-interfaces"].status is Status.PASS
+
+
+def test_a_queue_split_across_azs_fails_only_for_that_queue(lab: Lab) -> None:
+    lab.launch(count=1, queue="gpu-a")
+    lab.launch(count=1, queue="gpu-b")
+    lab.launch(count=1, queue="gpu-b", az="us-east-1b")
+    results = run()
+    assert results["single-az[gpu-a]"].status is Status.PASS
+    assert results["single-az[gpu-b]"].status is Status.FAIL
+
+
+def test_queue_option_limits_the_checks_to_one_queue(lab: Lab) -> None:
+    lab.launch(count=1, queue="gpu-a")
+    lab.launch(count=1, queue="gpu-b", efa=0, group=None)
+    only_a = run(queue="gpu-a")
+    assert "2 instances, 1 compute nodes" in only_a["cluster-instances"].detail
+    assert only_a["placement-group"].status is Status.PASS
+    assert only_a["efa-interfaces"].status is Status.PASS
+    assert run(queue="gpu-b")["efa-interfaces"].status is Status.FAIL
+    missing = run(queue="nope")
+    assert statuses(missing) == {"cluster-instances": Status.FAIL}
+    assert "gpu-a, gpu-b" in missing["cluster-instances"].detail
 
 
 def test_p5_without_efa_interfaces_fails(lab: Lab) -> None:

@@ -29,6 +29,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--placement-group", help="placement group to check (default: the one the compute nodes are in)"
     )
+    parser.add_argument("--queue", help="check only the compute nodes of this Slurm queue")
     parser.add_argument(
         "--spare-nodes",
         type=int,
@@ -60,6 +61,7 @@ def handle(args: argparse.Namespace) -> int:
             args.cluster_name,
             placement_group=args.placement_group,
             spare_nodes=args.spare_nodes,
+            queue=args.queue,
         )
     except (BotoCoreError, ClientError) as exc:
         raise ExternalError(f"AWS call failed during preflight in {region}: {exc}") from exc

@@ -7,6 +7,7 @@ from typing import Any
 
 CLUSTER_TAG = "parallelcluster:cluster-name"
 NODE_TYPE_TAG = "parallelcluster:node-type"
+QUEUE_TAG = "parallelcluster:queue-name"
 # Node types that carry no GPU/EFA workload; everything else (Compute, or untagged) is a compute node.
 _SERVICE_NODE_TYPES = {"HeadNode", "LoginNode"}
 # Instances that hold or will hold capacity; stopped/terminated ones are not part of the running fleet.
@@ -22,6 +23,7 @@ class Instance:
     availability_zone: str
     placement_group: str | None
     node_type: str | None
+    queue: str | None
     efa_interfaces: int
     security_group_ids: tuple[str, ...]
 
@@ -43,6 +45,7 @@ class Instance:
             availability_zone=placement.get("AvailabilityZone", ""),
             placement_group=placement.get("GroupName") or None,
             node_type=tags.get(NODE_TYPE_TAG),
+            queue=tags.get(QUEUE_TAG),
             # "efa-only" interfaces (p5 and later) carry EFA traffic just as "efa" ones do.
             efa_interfaces=sum(1 for n in nics if n.get("InterfaceType") in ("efa", "efa-only")),
             security_group_ids=tuple(sorted(groups)),

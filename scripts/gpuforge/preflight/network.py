@@ -62,7 +62,11 @@ def _allows_self_all_traffic(group: dict[str, Any], key: str) -> bool:
 
 
 def efa_ready_groups(groups: Sequence[dict[str, Any]]) -> set[str]:
-    """Ids of the groups with the self-referencing all-traffic ingress AND egress rule EFA needs."""
+    """Ids of the groups with the self-referencing all-traffic ingress AND egress rule EFA needs.
+
+    The same rule as ParallelCluster's EfaSecurityGroupValidator and AWS's EFA guide: the group
+    itself must be named on both sides; an egress rule to 0.0.0.0/0 does not satisfy it.
+    """
     return {
         g["GroupId"]
         for g in groups

@@ -1,12 +1,29 @@
-"""Run every preflight check for one cluster, in a fixed order."""
+"""Run every preflight check for one cluster, in a fixed order.
+
+Placement group and Availability Zone are properties of a Slurm queue in ParallelCluster (each
+queue has its own subnet and placement group), so those checks run per queue and their rows
+are named "check[queue]" when the cluster has more than one queue.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from itertools import groupby
 from typing import Any
 
 from gpuforge.preflight import network, placement, quotas
-from gpuforge.preflight.cluster import CLUSTER_TAG, instances
+from gpuforge.preflight.cluster import CLUSTER_TAG, QUEUE_TAG, Instance, instances
 from gpuforge.preflight.result import CheckResult, failed, passed
+
+
+def by_queue(compute: Sequence[Instance]) -> dict[str | None, list[Instance]]:
+    ordered = sorted(compute, key=lambda i: i.queue or "")
+    return {queue: list(nodes) for queue, nodes in groupby(ordered, key=lambda i: i.queue)}
+
+
+def _queue_checks(ec2: Any, nodes: Sequence[Instance], placement_group: str | None) -> list[CheckResult]:
+    return [*placement.run(ec2, nodes, placement_group), network.check_single_az(nodes)]
 
 
 def run(
@@ -15,18 +32,31 @@ def run(
     cluster_name: str,
     placement_group: str | None = None,
     spare_nodes: int = 1,
+    queue: str | None = None,
 ) -> list[CheckResult]:
     nodes = instances(ec2, cluster_name)
     if not nodes:
-        return [
-            failed(
-                "cluster-instances", f"no pending or running instance is tagged {CLUSTER_TAG}={cluster_name}"
-            )
-        ]
+        detail = f"no pending or running instance is tagged {CLUSTER_TAG}={cluster_name}"
+        return [failed("cluster-instances", detail)]
     compute = [i for i in nodes if i.is_compute]
+    queues = by_queue(compute)
+    if queue is not None:
+        if queue not in queues:
+            known = ", ".join(sorted(q for q in queues if q)) or "none tagged"
+            return [
+                failed(
+                    "cluster-instances", f"no compute node is tagged {QUEUE_TAG}={queue} (queues: {known})"
+                )
+            ]
+        compute = queues[queue]
+        queues = {queue: compute}
     results = [passed("cluster-instances", f"{len(nodes)} instances, {len(compute)} compute nodes")]
-    results.extend(placement.run(ec2, compute, placement_group))
-    results.append(network.check_single_az(compute))
+    if len(queues) <= 1:
+        results.extend(_queue_checks(ec2, compute, placement_group))
+    else:
+        for name, members in queues.items():
+            rows = _queue_checks(ec2, members, placement_group)
+            results.extend(dataclasses.replace(r, name=f"{r.name}[{name or 'untagged'}]") for r in rows)
     results.append(network.check_efa_interfaces(compute))
     results.append(network.check_security_group(ec2, compute))
     results.extend(quotas.run(ec2, service_quotas, compute, spare_nodes))
