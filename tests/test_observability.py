@@ -261,3 +261,19 @@ def test_efa_collector_writes_the_textfile(tmp_path: Path) -> None:
             check=False,
         )
         assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_efa_collector_units_verify(tmp_path: Path) -> None:
+    for unit in ("gpuforge-efa-textfile.service", "gpuforge-efa-textfile.timer"):
+        shutil.copy(OBS / "node-exporter" / unit, tmp_path / unit)
+    units = [str(tmp_path / "gpuforge-efa-textfile.service"), str(tmp_path / "gpuforge-efa-textfile.timer")]
+    result = subprocess.run(
+        ["systemd-analyze", "verify", *units], capture_output=True, text=True, timeout=60, check=False
+    )
+    # Unknown keys are only warnings to systemd-analyze, so any output counts as a failure.
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
+        result.stdout + result.stderr
+    )
+    service = (OBS / "node-exporter" / "gpuforge-efa-textfile.service").read_text()
+    assert "efa_textfile.py --out /var/lib/node_exporter/textfile_collector" in service
