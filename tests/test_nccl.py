@@ -148,7 +148,7 @@ def test_run_without_large_messages_fails() -> None:
     ev = evaluate(only(OLD), "p4d.24xlarge", expected_peak("p4d.24xlarge"))
     assert ev.verdict is Verdict.FAIL
     assert ev.large_busbw_gb_s is None
-    assert "-e 1G" in ev.reasons[0]
+    assert "-e 1G" in " ".join(ev.reasons)
 
 
 def test_wrong_elements_fail_even_when_fast() -> None:
@@ -160,6 +160,16 @@ def test_wrong_elements_fail_even_when_fast() -> None:
     ev = evaluate(run, "p5.48xlarge", peak_gb_s=1.0)
     assert ev.verdict is Verdict.FAIL
     assert "8589934592" in ev.reasons[0]
+
+
+def test_unfinished_run_fails_even_when_fast() -> None:
+    text = GCP.read_text()
+    cut = text[: text.index("  2147483648")]
+    run = parse(cut, "cut")[0]
+    assert run.rows[-1].size_bytes == 1 << 30
+    ev = evaluate(run, "p5.48xlarge", peak_gb_s=1.0)
+    assert ev.verdict is Verdict.FAIL
+    assert "did not finish" in " ".join(ev.reasons)
 
 
 def test_single_node_run_is_not_judged() -> None:

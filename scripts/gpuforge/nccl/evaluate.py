@@ -68,10 +68,14 @@ def evaluate(
         raise UserError(f"threshold must be in (0, 1], got {threshold}")
     busbw = large_message_busbw(run, large_bytes)
     reasons: list[str] = []
+    # "corrupt" covers every defect that fails a run whatever its bandwidth.
     corrupt = bool(run.wrong_rows) or (run.out_of_bounds or 0) > 0
     if corrupt:
         sizes = ", ".join(str(r.size_bytes) for r in run.wrong_rows) or "?"
         reasons.append(f"data check failed (#wrong > 0 at sizes {sizes}): results are corrupt")
+    if run.avg_busbw_gb_s is None:
+        corrupt = True
+        reasons.append("no '# Avg bus bandwidth' summary: the run did not finish (killed, timed out or cut)")
     if len(run.hosts) == 1:
         # One node exercises NVLink/PCIe only; the peak describes the inter-node network.
         reasons.append(f"single-node run on {run.hosts[0]} measures NVLink/PCIe, not EFA; use 2+ nodes")
