@@ -143,6 +143,7 @@ MUTATIONS = [
     ),
     ("GPUTemperatureHigh boundary", "DCGM_FI_DEV_GPU_TEMP > 85", "DCGM_FI_DEV_GPU_TEMP >= 85"),
     ("GPUXidError", "DCGM_FI_DEV_XID_ERRORS > 0", "DCGM_FI_DEV_XID_ERRORS > 100"),
+    ("GPUExporterDown job", 'up{job="dcgm-exporter"} == 0', "up == 0"),
     ("EFAPacketLoss threshold", ") > 0.001", ") > 0.01"),
     ("EFAPacketLoss retransmits", "\n          or\n", "\n          and\n"),
     ("StorageNearQuota threshold", ") < 0.10", ") < 0.01"),
