@@ -26,7 +26,6 @@ from gpuforge.lab.moto import MotoServer
 FAKE_PACKER = r'''#!{python}
 """Test double for the packer binary (see tests/test_ami_bake.py)."""
 import json, os, sys, time, uuid
-import boto3
 
 args = sys.argv[1:]
 with open(os.environ["FAKE_PACKER_CALLS"], "a") as calls:
@@ -49,6 +48,8 @@ say("Launching a source AWS instance...")
 if mode == "fail":
     print(f"{now},,ui,error,Build '{only}' errored after 1 second: ansible-playbook exited 2", flush=True)
     sys.exit(1)
+import boto3  # only here: `packer version` must stay fast
+
 ec2 = boto3.client("ec2", region_name=v["region"])
 source = ec2.describe_images(ImageIds=[v["source_ami"]])["Images"][0]
 instance = ec2.run_instances(ImageId=v["source_ami"], MinCount=1, MaxCount=1, InstanceType="g5.2xlarge")

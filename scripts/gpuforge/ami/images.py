@@ -85,8 +85,13 @@ def describe(ami_id: str, region: str | None = None) -> Image:
     return images[0]
 
 
+def _age(image: Image) -> tuple[str, str]:
+    """Sort key: EC2 creation dates have one-second resolution, so the id breaks ties deterministically."""
+    return image.creation_date, image.id
+
+
 def newest(images: Iterable[Image]) -> Image | None:
-    return max(images, key=lambda image: (image.creation_date, image.id), default=None)
+    return max(images, key=_age, default=None)
 
 
 def resolve_base(
@@ -138,16 +143,15 @@ def _ssm_value(name: str, region: str | None) -> str:
     return check_ami_id(value)
 
 
-def gpuforge_images(flavor: str | None = None, region: str | None = None, **tags: str) -> list[Image]:
+def gpuforge_images(flavor: str | None = None, region: str | None = None) -> list[Image]:
     """Images this account baked with gpuforge (tagged gpuforge:flavor), oldest first."""
     filters = [
         {"Name": f"tag:{FLAVOR_TAG}", "Values": [flavor]}
         if flavor
         else {"Name": "tag-key", "Values": [FLAVOR_TAG]}
     ]
-    filters += [{"Name": f"tag:{key}", "Values": [value]} for key, value in tags.items()]
     images = _describe(_ec2(region), Owners=["self"], Filters=filters)
-    return sorted(images, key=lambda image: (image.creation_date, image.id))
+    return sorted(images, key=_age)
 
 
 def images_with_build_id(build_id: str, region: str | None = None) -> list[Image]:

@@ -131,12 +131,6 @@ class Packer:
             self._run(["init", str(staged)], check=True)
         return staged
 
-    def validate(self, templates: Path, var_file: Path, only: Sequence[str] = ()) -> None:
-        args = ["validate", f"-var-file={var_file}", *_only(only), str(templates)]
-        result = self._run(args)
-        if result.returncode != 0:
-            raise ExternalError(f"packer validate failed:\n{(result.stdout + result.stderr).strip()}")
-
     def build(
         self,
         templates: Path,

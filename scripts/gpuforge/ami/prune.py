@@ -48,8 +48,7 @@ def plan(
 ) -> PrunePlan:
     if keep < 1:
         raise UserError("--keep must be at least 1: pruning never removes the newest image")
-    candidates = images.gpuforge_images(flavor, region)
-    newest_first = sorted(candidates, key=lambda image: (image.creation_date, image.id), reverse=True)
+    newest_first = images.gpuforge_images(flavor, region)[::-1]
     in_use = references(parameters, configs, region)
     result = PrunePlan(keep=newest_first[:keep])
     for image in newest_first[keep:]:
