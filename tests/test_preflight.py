@@ -340,6 +340,11 @@ def test_table_lists_every_row_and_the_verdict(lab: Lab) -> None:
     for r in results:
         assert any(line.startswith(r.name) and r.status.value in line for line in table.splitlines())
     assert "preflight FAILED" in table
+    # Every row's detail starts in the DETAIL column.
+    lines = table.splitlines()
+    column = lines[0].index("DETAIL")
+    for line, r in zip(lines[2:], results, strict=False):
+        assert line[column:] == r.detail
 
 
 def cli(argv: Sequence[str]) -> int:

@@ -41,7 +41,7 @@ def render_table(results: Sequence[CheckResult]) -> str:
     """A fixed-width table, one row per check, and a summary line."""
     headers = ("CHECK", "STATUS", "DETAIL")
     name_w = max([len(headers[0]), *(len(r.name) for r in results)])
-    status_w = max(len(s.value) for s in Status)
+    status_w = max(len(headers[1]), *(len(s.value) for s in Status))
     lines = [f"{headers[0]:<{name_w}}  {headers[1]:<{status_w}}  {headers[2]}"]
     lines.append(f"{'-' * name_w}  {'-' * status_w}  {'-' * 6}")
     lines.extend(f"{r.name:<{name_w}}  {r.status.value:<{status_w}}  {r.detail}" for r in results)
