@@ -311,6 +311,15 @@ def test_quota_passes_when_it_covers_usage_plus_spares_and_fails_one_vcpu_short(
     lab.launch(count=2)
     # A P instance outside the cluster also counts: the quota is per Region.
     lab.ec2.run_instances(ImageId=lab.ami, MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge")
+    # A Spot Instance does not: Spot has its own quotas.
+    spot = lab.ec2.run_instances(
+        ImageId=lab.ami,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="p4d.24xlarge",
+        InstanceMarketOptions={"MarketType": "spot"},
+    )
+    assert spot["Instances"][0].get("InstanceLifecycle") == "spot"
     p5, p4d = vcpus(lab.ec2, GPU_TYPE), vcpus(lab.ec2, "p4d.24xlarge")
     need = 2 * p5 + p4d + spare_nodes * p5
 

@@ -85,10 +85,19 @@ def vcpus_by_type(ec2: Any, types: Iterable[str]) -> dict[str, int]:
 
 
 def region_usage(ec2: Any) -> list[str]:
-    """Instance types of every live instance in the Region (one entry per instance)."""
+    """Instance types of every live On-Demand instance in the Region (one entry per instance).
+
+    Spot Instances count against separate Spot quotas, so they are left out.
+    """
     paginator = ec2.get_paginator("describe_instances")
     pages = paginator.paginate(Filters=[{"Name": "instance-state-name", "Values": list(LIVE_STATES)}])
-    return [i["InstanceType"] for page in pages for r in page["Reservations"] for i in r["Instances"]]
+    return [
+        i["InstanceType"]
+        for page in pages
+        for r in page["Reservations"]
+        for i in r["Instances"]
+        if i.get("InstanceLifecycle") != "spot"
+    ]
 
 
 def evaluate(quota: Quota, limit: float, used_vcpus: int, spare_vcpus: int, spare_desc: str) -> CheckResult:
