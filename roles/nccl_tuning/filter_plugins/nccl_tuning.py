@@ -1,0 +1,92 @@
+"""Select the NCCL/EFA settings that still apply to a node's hardware and software versions.
+
+The role passes every candidate setting with the conditions under which it matters; this filter
+returns the settings to write and, for each one left out, the reason, so a play can report why
+a setting the seed asked for is not on the node.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_VERSION = re.compile(r"\d+(?:\.\d+)*")
+
+# Conditions a candidate may carry: each compares one probed version with an exclusive upper bound.
+_BOUNDS = {
+    "kernel_before": "kernel",
+    "libfabric_before": "libfabric",
+    "aws_ofi_nccl_before": "aws_ofi_nccl",
+}
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """Leading dotted number of a version string ("1.22.0amzn4.0" -> (1, 22, 0)); None if there is none."""
+    match = _VERSION.match(str(text).strip().lstrip("v"))
+    if match is None:
+        return None
+    return tuple(int(part) for part in match.group(0).split("."))
+
+
+def _below(found: str, bound: str) -> bool | None:
+    """Whether version `found` sorts below `bound`; None when `found` is unknown."""
+    have, limit = parse_version(found), parse_version(bound)
+    if have is None or limit is None:
+        return None
+    width = max(len(have), len(limit))
+    return have + (0,) * (width - len(have)) < limit + (0,) * (width - len(limit))
+
+
+def _reason_left_out(candidate: dict[str, Any], node: dict[str, Any]) -> str | None:
+    """None when the candidate applies to the node, else why it does not."""
+    if candidate.get("efa") and int(node.get("efa_interfaces", 0)) == 0:
+        return "the instance type has no EFA interface"
+    transport = candidate.get("transport")
+    if transport is not None and transport != node.get("transport"):
+        return f"only read by NCCL's {transport} transport; this node's NCCL traffic uses {node.get('transport')}"
+    if "value" in candidate and str(candidate["value"]) == "":
+        return "no value configured"
+    bounds = [(key, field) for key, field in _BOUNDS.items() if key in candidate]
+    if not bounds:
+        return None
+    # A setting with version bounds is a workaround for old software: it applies when any
+    # of the named components is older than its bound.
+    verdicts = []
+    for key, field in bounds:
+        found = str(node.get(field, ""))
+        below = _below(found, str(candidate[key]))
+        if below:
+            return None
+        verdicts.append(f"{field} {found or 'unknown'} is not below {candidate[key]}")
+    return "; ".join(verdicts)
+
+
+def nccl_tuning_select(candidates: list[dict[str, Any]], node: dict[str, Any]) -> dict[str, Any]:
+    """Split candidates into {"applied": {name: value}, "left_out": [{"name", "reason"}]}.
+
+    `node` holds efa_interfaces, transport and the probed versions (kernel, libfabric,
+    aws_ofi_nccl). A later candidate with the same name replaces an earlier one.
+    """
+    applied: dict[str, str] = {}
+    left_out: list[dict[str, str]] = []
+    for candidate in candidates:
+        name = str(candidate["name"])
+        reason = _reason_left_out(candidate, node)
+        if reason is None:
+            applied[name] = str(candidate["value"])
+        else:
+            applied.pop(name, None)
+            left_out.append({"name": name, "reason": reason})
+    return {"applied": applied, "left_out": left_out}
+
+
+def nccl_tuning_describe(left_out: dict[str, str]) -> str:
+    """One report line for a setting left out."""
+    return f"{left_out['name']} not set: {left_out['reason']}"
+
+
+class FilterModule:
+    """Ansible entry point."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"nccl_tuning_select": nccl_tuning_select, "nccl_tuning_describe": nccl_tuning_describe}
