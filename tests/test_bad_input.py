@@ -1,0 +1,260 @@
+"""Bad input gives a clear error, never a traceback: a table run through the real `gpuforge` CLI.
+
+Each row runs the installed console script in a subprocess with no AWS credentials at all
+(AWS_* unset, HOME an empty directory, IMDS disabled so nothing leaves loopback) and asserts the
+exit status (2 = bad input, 1 = a failed external call), that the last line is gpuforge's (or
+argparse's) one-line error, and that the message names what to fix. Rows that show a known gap
+are marked xfail(strict=True) with the command to fix, so they flip to a failure once fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SPEC = REPO / "examples" / "cluster-spec.yml"
+# A message that tells the user how to provide credentials, not only that they are missing.
+HOW_TO_CREDENTIALS = r"AWS_PROFILE|AWS_ACCESS_KEY_ID|aws configure|aws sso login"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]
+    message: str  # regex the error output must match
+    codes: tuple[int, ...] = (2,)
+    files: dict[str, str] = field(default_factory=dict)  # name -> content, written to tmp_path
+    needs_root: bool = False
+    known_gap: str | None = None  # xfail reason: the message or behaviour still to fix
+
+
+def _spec(old: str, new: str) -> str:
+    text = SPEC.read_text()
+    assert old in text, f"{old!r} is no longer in {SPEC}; update this table"
+    return text.replace(old, new, 1)
+
+
+CASES = [
+    # Invalid variables and option values.
+    Case(
+        "negative-spare-nodes", ("preflight", "--cluster-name", "x", "--spare-nodes", "-1"), r"--spare-nodes"
+    ),
+    Case("prune-keep-zero", ("prune", "--keep", "0"), r"--keep: 0 must be at least 1"),
+    Case(
+        "bake-volume-zero", ("bake", "--root-volume-size", "0"), r"--root-volume-size: 0 must be at least 1"
+    ),
+    Case(
+        "bake-missing-extra-vars",
+        ("bake", "--no-publish", "--extra-vars", "{tmp}/nope.yml"),
+        r"extra vars file .*nope\.yml does not exist",
+    ),
+    Case(
+        "lab-zero-nodes",
+        ("lab", "up", "--name", "badin", "--nodes", "0"),
+        r"--nodes must be",
+        needs_root=True,
+    ),
+    Case(
+        "lab-bad-name",
+        ("lab", "up", "--name", "Bad Name!"),
+        r"lab name 'Bad Name!' is invalid: use",
+        needs_root=True,
+    ),
+    Case(
+        "set-ami-bad-id",
+        ("cluster-config", "set-ami", str(SPEC), "--ami", "bogus"),
+        r"invalid AMI id 'bogus'",
+    ),
+    Case(
+        "spec-count-not-integer",
+        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        r"max_count: must be an integer, got 'many'",
+        files={"spec.yml": _spec("max_count: 4", "max_count: many")},
+    ),
+    Case(
+        "spec-bad-ami",
+        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        r"ami: invalid AMI id 'not-an-ami'",
+        files={"spec.yml": _spec("ami: ami-0123456789abcdef0", "ami: not-an-ami")},
+    ),
+    Case(
+        "spec-bad-region",
+        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        r"region: 'mars-1' is not a region",
+        files={"spec.yml": _spec("region: us-east-1", "region: mars-1")},
+    ),
+    # Wrong instance type: every entry point names the known types (data/instance_types.yml).
+    Case(
+        "spec-unknown-instance-type",
+        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        r"instance_type: unknown instance type 'p9\.mega'; known types: .*p5\.48xlarge",
+        files={"spec.yml": _spec("instance_type: p5.48xlarge", "instance_type: p9.mega")},
+    ),
+    Case(
+        "lab-unknown-instance-type",
+        ("lab", "up", "--name", "badin", "--no-ec2", "--compute-type", "p9.mega"),
+        r"unknown instance type 'p9\.mega'; known types: .*p5\.48xlarge",
+        needs_root=True,
+    ),
+    Case(
+        "nccl-unknown-instance-type",
+        ("nccl-report", "--instance-type", "p9.mega", "--out", "{tmp}/out", "{tmp}/run.log"),
+        r"unknown instance type 'p9\.mega'; known types",
+        files={"run.log": "#  size count type\n"},
+    ),
+    # Malformed cluster specs and configs.
+    Case(
+        "spec-not-yaml",
+        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        r"cluster spec .*spec\.yml is not valid YAML",
+        files={"spec.yml": "region: us-east-1\nqueues: [\n"},
+    ),
+    Case(
+        "spec-not-a-mapping",
+        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        r"must be a YAML mapping",
+        files={"spec.yml": "- a\n- list\n"},
+    ),
+    Case(
+        "spec-missing-fields",
+        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        r"ami: missing \(required: ami, head_node, queues, region\)",
+        files={"spec.yml": "region: us-east-1\n"},
+    ),
+    Case(
+        "spec-missing-file",
+        ("cluster-config", "generate", "{tmp}/absent.yml"),
+        r"cannot read cluster spec .*absent\.yml",
+    ),
+    Case(
+        "config-not-yaml",
+        ("cluster-config", "validate", "{tmp}/cluster.yml"),
+        r"cluster config .*cluster\.yml is not valid YAML",
+        files={"cluster.yml": "Region: [us-east-1\n"},
+    ),
+    # Missing credentials: the CLI must say how to provide them.
+    Case(
+        "no-credentials-preflight",
+        ("preflight", "--cluster-name", "gpu"),
+        HOW_TO_CREDENTIALS,
+        codes=(1, 2),
+        known_gap="says 'Unable to locate credentials' but not how to provide them (AWS_PROFILE or keys)",
+    ),
+    Case(
+        "no-credentials-prune",
+        ("prune", "--dry-run"),
+        HOW_TO_CREDENTIALS,
+        codes=(1, 2),
+        known_gap="NoCredentialsError escapes as a traceback (gpuforge.ami does not catch botocore errors)",
+    ),
+    Case(
+        "no-credentials-publish",
+        ("publish", "--ami", "ami-12345678"),
+        HOW_TO_CREDENTIALS,
+        codes=(1, 2),
+        known_gap="NoCredentialsError escapes as a traceback (gpuforge.ami does not catch botocore errors)",
+    ),
+    Case(
+        "no-credentials-bake",
+        ("bake", "--no-publish"),
+        HOW_TO_CREDENTIALS,
+        codes=(1, 2),
+        known_gap="NoCredentialsError escapes as a traceback (gpuforge.ami does not catch botocore errors)",
+    ),
+]
+
+
+def _no_credentials_env(home: Path) -> dict[str, str]:
+    """The caller's environment minus every AWS setting, with an empty HOME and no IMDS lookups."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        HOME=str(home),
+        AWS_REGION="us-east-1",
+        # Without this botocore would ask 169.254.169.254 for instance credentials.
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_CONFIG_FILE=str(home / ".aws" / "config"),
+        AWS_SHARED_CREDENTIALS_FILE=str(home / ".aws" / "credentials"),
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+    )
+    return env
+
+
+def _param(case: Case) -> object:
+    marks = []
+    if case.known_gap:
+        marks.append(pytest.mark.xfail(strict=True, reason=case.known_gap))
+    if case.needs_root:
+        marks.append(
+            pytest.mark.skipif(os.geteuid() != 0, reason="the lab checks for root before its arguments")
+        )
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_bad_input_gives_a_clear_error(case: Case, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    for name, content in case.files.items():
+        (tmp_path / name).write_text(content)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in case.argv]
+    result = subprocess.run(
+        [str(BIN / "gpuforge"), *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        env=_no_credentials_env(home),
+        timeout=120,
+    )
+    err = result.stderr.strip()
+    assert "Traceback" not in err, err
+    assert result.returncode in case.codes, f"exit {result.returncode}: {err}"
+    first_error = next(
+        (line for line in err.splitlines() if re.match(r"gpuforge( [\w-]+)?: error: ", line)), ""
+    )
+    assert first_error, f"no 'gpuforge: error:' line in:\n{err}"
+    assert re.search(case.message, err), err
+
+
+def test_invalid_role_variable_is_rejected_before_any_task(tmp_path: Path) -> None:
+    """Role variables are checked against meta/argument_specs.yml before a role does anything.
+
+    Runs the real bake playbook against localhost in check mode with a wrong-typed variable:
+    the argument spec validation must stop it with a message naming the variable.
+    """
+    result = subprocess.run(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "--check",
+            "playbooks/bake.yml",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            "-e",
+            "gpuforge_common_imds_timeout=soon",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={**_no_credentials_env(tmp_path), "ANSIBLE_GATHERING": "explicit", "ANSIBLE_NOCOLOR": "1"},
+        timeout=300,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert "Validation of arguments failed" in out, out
+    assert re.search(
+        r"gpuforge_common_imds_timeout' is of type str and we were unable to convert to int", out
+    )
+    assert re.search(r"localhost\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=1", out), out
