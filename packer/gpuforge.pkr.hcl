@@ -86,6 +86,12 @@ source "null" "lab" {
 build {
   sources = ["source.amazon-ebs.gpu", "source.null.lab"]
 
+  # First: refuse a base that cannot make this flavor, before spending time on the playbook.
+  provisioner "shell" {
+    script           = "${var.repo_root}/packer/scripts/check-base.sh"
+    environment_vars = ["GPUFORGE_FLAVOR=${var.flavor}"]
+  }
+
   # Ansible connects to the host directly (no Packer SSH proxy), the same way it reaches the fleet.
   provisioner "ansible" {
     playbook_file = "${var.repo_root}/playbooks/bake.yml"

@@ -31,7 +31,9 @@ args = sys.argv[1:]
 with open(os.environ["FAKE_PACKER_CALLS"], "a") as calls:
     calls.write(json.dumps(args) + "\n")
 if args[:1] == ["version"]:
-    print("Packer v1.6.6")
+    print("Packer v" + os.environ.get("FAKE_PACKER_VERSION", "1.6.6"))
+    sys.exit(0)
+if args[:1] == ["init"]:
     sys.exit(0)
 assert args[0] == "build", args
 mode = os.environ.get("FAKE_PACKER_MODE", "ok")
@@ -80,6 +82,7 @@ say("Builds finished.")
 '''
 
 BASE_PARAMETER = "/gpuforge-test/dlami-base"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -319,3 +322,18 @@ def test_bake_local_requires_a_running_lab(
 def test_bake_local_refuses_publish_options(fake_packer: Path, tmp_path: Path) -> None:
     assert cli.main(["bake", "--local", "--parameter", "/x/y", "--work-dir", str(tmp_path / "w")]) == 2
     assert _builds(fake_packer) == []
+
+
+def test_modern_packer_gets_plugin_requirements_and_init(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_PACKER_VERSION", "1.11.2")
+    bake.bake_aws(_options(tmp_path))
+    calls = [json.loads(line) for line in fake_packer.read_text().splitlines()]
+    kinds = [args[0] for args in calls]
+    assert kinds.index("init") < kinds.index("build")
+    staged = Path(calls[kinds.index("init")][1])
+    assert (staged / "plugins.pkr.hcl").read_text() == (
+        REPO / "packer" / "plugins.pkr.hcl.modern"
+    ).read_text()
+    assert Path(calls[kinds.index("build")][-1]) == staged

@@ -230,3 +230,42 @@ def test_real_packer_output_and_manifest_parse(tmp_path: Path) -> None:
     data = json.loads(manifest_path.read_text())
     assert len(data["builds"]) == 2
     assert len(packer_manifest.last_run(manifest_path)) == 1
+
+
+CHECK_BASE = PACKER_DIR / "scripts" / "check-base.sh"
+
+
+def _check_base(root: Path, flavor: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "CHECK_ROOT": str(root), "GPUFORGE_FLAVOR": flavor}
+    return subprocess.run(["bash", str(CHECK_BASE)], env=env, capture_output=True, text=True, check=False)
+
+
+def test_check_base_requires_parallelcluster_marker_for_pcluster(tmp_path: Path) -> None:
+    assert _check_base(tmp_path, "dlami").returncode == 0
+    missing = _check_base(tmp_path, "pcluster")
+    assert missing.returncode == 1 and "not an official ParallelCluster AMI" in missing.stderr
+    marker = tmp_path / "opt/parallelcluster/.bootstrapped"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("")
+    assert _check_base(tmp_path, "pcluster").returncode == 1  # an empty marker is no bootstrap either
+    marker.write_text("aws-parallelcluster-cookbook-3.16.1")
+    ok = _check_base(tmp_path, "pcluster")
+    assert ok.returncode == 0 and "3.16.1" in ok.stdout
+    assert _check_base(tmp_path, "centos").returncode == 1
+
+
+def test_machine_readable_lines_are_unescaped() -> None:
+    line = MachineLine.parse("1796220038,amazon-ebs.gpu,ui,say,==> a%!(PACKER_COMMA) b\\nc\n")
+    assert line == MachineLine(1796220038, "amazon-ebs.gpu", "ui", ("say", "==> a, b\nc"))
+    assert MachineLine.parse("not machine readable") is None
+    assert MachineLine.parse("") is None
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None, reason="shellcheck absent (apt-get install shellcheck)"
+)
+def test_packer_scripts_pass_shellcheck() -> None:
+    scripts = sorted(str(p) for p in (PACKER_DIR / "scripts").glob("*.sh"))
+    assert scripts
+    result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout
