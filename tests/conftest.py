@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from gpuforge.lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
+FLEET_LAB = "pytest"
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +33,47 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mo
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     yield moto_server
+
+
+def _gpuforge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["gpuforge", *args], capture_output=True, text=True, check=False, cwd=REPO, timeout=600
+    )
+
+
+@pytest.fixture(scope="session")
+def fleet_lab() -> Iterator[dict[str, str]]:
+    """A 2-host lab with emulated EC2, shared by the tests that run playbooks on a fleet.
+
+    Yields the environment (`gpuforge lab env`) that points Ansible and boto3 at it.
+    """
+    if os.geteuid() != 0 or not shutil.which("systemd-nspawn"):
+        pytest.skip("the lab needs root and systemd-nspawn (apt-get install systemd-container)")
+    _gpuforge("lab", "down", "--name", FLEET_LAB)
+    up = _gpuforge("lab", "up", "--name", FLEET_LAB, "--nodes", "2", "--moto-port", str(free_port()))
+    assert up.returncode == 0, up.stderr
+    exports = _gpuforge("lab", "env", "--name", FLEET_LAB).stdout
+    pairs = (line.removeprefix("export ").split("=", 1) for line in exports.splitlines())
+    yield {key: value.strip("'") for key, value in pairs}
+    _gpuforge("lab", "down", "--name", FLEET_LAB)
+
+
+def _run_playbook(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ansible-playbook", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0"},
+        timeout=1200,
+    )
+
+
+PlaybookRunner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="session")
+def run_playbook() -> PlaybookRunner:
+    """run_playbook(env, *args): ansible-playbook from the repository root against a lab environment."""
+    return _run_playbook

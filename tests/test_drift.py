@@ -1,0 +1,72 @@
+"""playbooks/drift.yml on lab hosts: node manifest vs the AMI's tags vs versions.yml.
+
+EC2 is moto_server (a test double); the nodes are real lab hosts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import boto3
+import pytest
+import yaml
+
+from gpuforge import versions
+
+if TYPE_CHECKING:
+    from conftest import PlaybookRunner
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def baked(fleet_lab: dict[str, str], run_playbook: PlaybookRunner) -> dict[str, str]:
+    result = run_playbook(fleet_lab, "playbooks/bake.yml")
+    assert result.returncode == 0, result.stdout[-3000:]
+    return fleet_lab
+
+
+def _tag_lab_image(env: dict[str, str], tags: dict[str, str]) -> None:
+    client = boto3.client(
+        "ec2",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    images = {i["ImageId"] for r in client.describe_instances()["Reservations"] for i in r["Instances"]}
+    client.create_tags(Resources=sorted(images), Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+
+
+def test_fresh_nodes_match_versions_yml_and_their_image(
+    baked: dict[str, str], run_playbook: PlaybookRunner
+) -> None:
+    _tag_lab_image(baked, versions.load().image_tags())
+    result = run_playbook(baked, "playbooks/drift.yml")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert result.stdout.count("up to date with versions.yml") == 2
+    assert result.stdout.count("matches the node") == 2
+
+
+def test_a_changed_pin_is_reported_as_drift(
+    baked: dict[str, str], tmp_path: Path, run_playbook: PlaybookRunner
+) -> None:
+    manifest = versions.load()
+    bumped = {name: dict(pins) for name, pins in manifest.components.items()}
+    bumped["nccl"]["version"] = bumped["nccl"]["version"] + ".1"
+    newer = tmp_path / "versions.yml"
+    newer.write_text(yaml.safe_dump({"gpuforge_versions": bumped}))
+    result = run_playbook(baked, "playbooks/drift.yml", "-e", f"gpuforge_common_versions_file={newer}")
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "drifted from versions.yml" in result.stdout
+    report_only = run_playbook(
+        baked,
+        "playbooks/drift.yml",
+        "-e",
+        f"gpuforge_common_versions_file={newer}",
+        "-e",
+        "gpuforge_drift_fail=false",
+    )
+    assert report_only.returncode == 0
+    assert report_only.stdout.count("DRIFT: node pins") == 2
