@@ -154,16 +154,15 @@ def _fake_root(root: Path) -> None:
     (root / "var/lib/cloud/instance").symlink_to("instances/i-0abc")
 
 
+def _sanitize(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "SANITIZE_ROOT": str(root)}
+    return subprocess.run(["bash", str(SANITIZE)], env=env, capture_output=True, text=True, check=True)
+
+
 def test_sanitize_removes_host_identity_and_secrets(tmp_path: Path) -> None:
     root = tmp_path / "root"
     _fake_root(root)
-    result = subprocess.run(
-        ["bash", str(SANITIZE)],
-        env={"PATH": os.environ["PATH"], "SANITIZE_ROOT": str(root)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    result = _sanitize(root)
     assert not list((root / "etc/ssh").glob("ssh_host_*"))
     assert (root / "etc/ssh/sshd_config").is_file()
     assert not (root / "root/.ssh/authorized_keys").exists()
@@ -180,13 +179,7 @@ def test_sanitize_removes_host_identity_and_secrets(tmp_path: Path) -> None:
     assert "cleaned" in result.stdout
 
     # A second run (an already clean image) succeeds and removes nothing more.
-    again = subprocess.run(
-        ["bash", str(SANITIZE)],
-        env={"PATH": os.environ["PATH"], "SANITIZE_ROOT": str(root)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    again = _sanitize(root)
     assert "cleaned 1 item(s)" in again.stdout  # only the (already empty) machine-id is rewritten
 
 

@@ -27,7 +27,7 @@ LOG = logging.getLogger(__name__)
 
 AWS_SOURCE = "amazon-ebs.gpu"
 LAB_SOURCE = "null.lab"
-# ParallelCluster accepts a custom AMI only with these tags (see its cluster_validators).
+# Value of the parallelcluster:os tag, which ParallelCluster compares with the cluster's Image.Os.
 PCLUSTER_OS = "ubuntu2204"
 
 
@@ -42,19 +42,15 @@ def installed_pcluster_version() -> str:
 def git_revision(root: Path | None = None) -> str:
     """Short revision of the checkout, with -dirty when it has uncommitted changes."""
     root = root or paths.repo_root()
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        rev = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{rev}-dirty" if dirty else rev
