@@ -43,7 +43,8 @@ def _reason_left_out(candidate: dict[str, Any], node: dict[str, Any]) -> str | N
         return "the instance type has no EFA interface"
     transport = candidate.get("transport")
     if transport is not None and transport != node.get("transport"):
-        return f"only read by NCCL's {transport} transport; this node's NCCL traffic uses {node.get('transport')}"
+        used = node.get("transport")
+        return f"only read by NCCL's {transport} transport; this node's NCCL traffic uses {used}"
     if "value" in candidate and str(candidate["value"]) == "":
         return "no value configured"
     bounds = [(key, field) for key, field in _BOUNDS.items() if key in candidate]
