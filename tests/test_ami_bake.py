@@ -337,3 +337,29 @@ def test_modern_packer_gets_plugin_requirements_and_init(
         REPO / "packer" / "plugins.pkr.hcl.modern"
     ).read_text()
     assert Path(calls[kinds.index("build")][-1]) == staged
+
+
+def test_bake_checks_cluster_configs_before_baking(
+    dlami_base: str, fake_packer: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(json.dumps(_cluster_config()))
+    argv = ["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w")]
+    assert cli.main([*argv, "--cluster-config", str(config), "--queue", "nosuchqueue"]) == 2
+    broken = _cluster_config()
+    broken["Scheduling"]["Scheduler"] = "pbs"
+    config.write_text(json.dumps(broken))
+    assert cli.main([*argv, "--cluster-config", str(config)]) == 2
+    assert _builds(fake_packer) == []
+    assert _gpuforge_images() == []
+
+
+def test_extra_vars_file_reaches_packer_as_absolute_path(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("extra.yml").write_text("nvidia_driver_persistence: false\n")
+    bake.bake_aws(_options(tmp_path, extra_vars_file=Path("extra.yml")))
+    (build,) = _builds(fake_packer)
+    var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
+    assert json.loads(var_file.read_text())["ansible_extra_vars_file"] == str(tmp_path / "extra.yml")

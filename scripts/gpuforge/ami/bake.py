@@ -150,7 +150,8 @@ def _common_variables(options: BakeOptions, run: Run, tags: dict[str, str]) -> d
         "build_id": run.build_id,
         "image_tags": tags,
         "manifest_path": str(run.manifest),
-        "ansible_extra_vars_file": str(options.extra_vars_file or ""),
+        # Absolute: ansible-playbook does not run from the caller's directory.
+        "ansible_extra_vars_file": str(options.extra_vars_file.resolve()) if options.extra_vars_file else "",
     }
 
 

@@ -150,6 +150,8 @@ def _parameter(args: argparse.Namespace) -> str:
 
 
 def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> int:
+    if not args.no_publish:
+        publish.check_configs(args.cluster_config, args.queue)
     image = bake.bake_aws(options)
     if not args.no_publish:
         publish.publish(image.id, _parameter(args), args.cluster_config, args.queue, options.region)

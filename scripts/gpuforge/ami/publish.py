@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -52,6 +53,27 @@ def write_parameter(name: str, ami_id: str, region: str | None = None) -> int:
     return version
 
 
+# A well-formed id that names no image, for checking configs before the real id exists.
+_PLACEHOLDER_AMI = "ami-00000000000000000"
+
+
+def _patched(
+    configs: Sequence[Path], ami_id: str, queues: Sequence[str] | None
+) -> list[tuple[Path, dict[str, Any]]]:
+    """Each config with ami_id set, checked against ParallelCluster's schema (UserError if one fails)."""
+    patched = []
+    for path in configs:
+        config = pcluster_config.set_custom_ami(pcluster_config.load_config(path), ami_id, queues)
+        validate(config)
+        patched.append((path, config))
+    return patched
+
+
+def check_configs(configs: Sequence[Path], queues: Sequence[str] | None = None) -> None:
+    """Fail before a bake, not after it, when a config could not take the new image."""
+    _patched(configs, _PLACEHOLDER_AMI, queues)
+
+
 def publish(
     ami_id: str,
     parameter: str,
@@ -64,11 +86,7 @@ def publish(
     image = images.describe(ami_id, region)
     if image.state != "available":
         raise ExternalError(f"image {ami_id} is {image.state}, not available; not publishing it")
-    patched = []
-    for path in configs:
-        config = pcluster_config.set_custom_ami(pcluster_config.load_config(path), ami_id, queues)
-        validate(config)
-        patched.append((path, config))
+    patched = _patched(configs, ami_id, queues)
     write_parameter(parameter, ami_id, region)
     for path, config in patched:
         pcluster_config.dump_config(config, path)
