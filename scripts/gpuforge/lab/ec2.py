@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuforge import aws, instance_types
+from gpuforge.lab import rootfs
 from gpuforge.lab.state import HostState, LabState
 
 PCLUSTER_VERSION = "3.16.1"  # The aws-parallelcluster release pinned in requirements/constraints.txt.
@@ -73,7 +74,17 @@ def register(lab: LabState) -> None:
     ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=self_rule)
     ec2.authorize_security_group_egress(GroupId=group, IpPermissions=self_rule)
     ec2.create_placement_group(GroupName=placement_group_name(lab), Strategy="cluster")
-    image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    # The lab's own base image stands for the cached rootfs the hosts boot from (and is much
+    # faster than listing moto's ~1,300 built-in AMIs).
+    image = ec2.register_image(
+        Name=f"gpuforge-lab-{rootfs.SUITE}-{rootfs.recipe_key()}",
+        Description="gpuforge lab host root filesystem (Debian)",
+        Architecture="x86_64",
+        RootDeviceName="/dev/xvda",
+        VirtualizationType="hvm",
+        EnaSupport=True,
+        BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 8, "VolumeType": "gp3"}}],
+    )["ImageId"]
     for host in lab.hosts:
         placement: dict[str, str] = {"AvailabilityZone": region + AZ_SUFFIX}
         if host.role == "Compute":
