@@ -1,0 +1,273 @@
+"""The fleet roles on a lab cluster: real slurmctld/slurmd, sbatch, a rolling update, ansible-pull.
+
+Three lab hosts (head + 2 compute, systemd-nspawn, real systemd and sshd) found through the real
+aws_ec2 inventory against moto (the test double for EC2 and SSM). Needs root and systemd-nspawn;
+takes several minutes (Debian's slurm-wlm is installed through the lab's package proxy).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from gpuforge.lab.moto import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = "fleet"
+SITE = "tests/fleet/site.yml"
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
+        reason="the lab needs root and systemd-nspawn (apt-get install systemd-container)",
+    ),
+]
+
+
+def gpuforge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "gpuforge"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        timeout=600,
+    )
+
+
+def on(host: str, command: str, check: bool = True) -> str:
+    """Run a shell command on a lab host as root; its stdout."""
+    out = gpuforge("lab", "ssh", "--name", LAB, host, "--", "sudo", "sh", "-c", _quote(command))
+    if check:
+        assert out.returncode == 0, f"{host}: {command}: {out.stderr}{out.stdout}"
+    return out.stdout
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def playbook(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "--flush-cache", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={
+            **os.environ,
+            **env,
+            "ANSIBLE_FORCE_COLOR": "0",
+            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}",
+        },
+        timeout=1500,
+    )
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP counters per host."""
+    stats = {}
+    for host, counters in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.MULTILINE):
+        stats[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counters)}
+    return stats
+
+
+def job(head: str, job_id: str) -> dict[str, str]:
+    text = on(head, f"scontrol show job {job_id} --oneliner")
+    return dict(re.findall(r"(\w+)=(\S+)", text))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, Any]]:
+    """The lab, its environment, and the cluster brought up by the fleet roles."""
+    gpuforge("lab", "down", "--name", LAB)
+    up = gpuforge("lab", "up", "--name", LAB, "--nodes", "3", "--moto-port", str(free_port()), "--json")
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    pairs = (
+        line.removeprefix("export ").split("=", 1)
+        for line in gpuforge("lab", "env", "--name", LAB).stdout.splitlines()
+    )
+    env = {key: value.strip("'") for key, value in pairs}
+    # The munge key lives in SSM Parameter Store (moto here), where the slurm role reads it.
+    key = base64.b64encode(secrets.token_bytes(96)).decode()
+    ssm = boto3.client(
+        "ssm",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    ssm.put_parameter(
+        Name=f"/gpuforge/{env['GPUFORGE_CLUSTER_NAME']}/munge-key", Type="SecureString", Value=key
+    )
+    run = playbook(env, SITE)
+    assert run.returncode == 0, run.stdout[-6000:]
+    hosts = {h["role"]: h["name"] for h in info["hosts"]}
+    yield {
+        "env": env,
+        "info": info,
+        "munge_key": key,
+        "first_run": run.stdout,
+        "head": hosts["HeadNode"],
+        "compute": [h["name"] for h in info["hosts"] if h["role"] == "Compute"],
+    }
+    gpuforge("lab", "down", "--name", LAB)
+
+
+def test_sinfo_shows_the_compute_nodes_idle(cluster: dict[str, Any]) -> None:
+    """slurmctld on the head node knows both compute nodes and they are idle."""
+    states = dict(
+        line.split() for line in on(cluster["head"], "sinfo --noheader --Node --format='%N %T'").splitlines()
+    )
+    assert states == {name: "idle" for name in cluster["compute"]}
+
+
+def test_munge_key_comes_from_ssm_with_mode_0400(cluster: dict[str, Any]) -> None:
+    """Every node has the SSM key, owned by munge, readable by nobody else."""
+    for host in [cluster["head"], *cluster["compute"]]:
+        assert on(host, "stat -c '%U %a' /etc/munge/munge.key").split() == ["munge", "400"]
+        assert on(host, "cat /etc/munge/munge.key") == cluster["munge_key"]
+    assert cluster["munge_key"] not in cluster["first_run"]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["compute-1", "compute-2"])
+def test_sbatch_job_sees_the_nccl_environment(cluster: dict[str, Any], index: int) -> None:
+    """A batch job gets every setting of the node's nccl.env (FI_PROVIDER=efa on a p5) via the task prolog."""
+    node = cluster["compute"][index]
+    submitted = on(
+        cluster["head"], f"sbatch --parsable --wait -w {node} -o /tmp/env-%j.out --wrap 'env | sort'"
+    )
+    job_id = submitted.strip().split(";")[0]
+    assert job(cluster["head"], job_id)["JobState"] == "COMPLETED"
+    job_env = set(on(node, f"cat /tmp/env-{job_id}.out").splitlines())
+    tuned = {
+        line
+        for line in on(node, "cat /etc/gpuforge/nccl.env").splitlines()
+        if line and not line.startswith("#")
+    }
+    assert "FI_PROVIDER=efa" in tuned
+    assert any(line.startswith("NCCL_SOCKET_IFNAME=") for line in tuned)
+    assert tuned <= job_env
+
+
+def test_second_run_changes_nothing(cluster: dict[str, Any]) -> None:
+    """Running the fleet roles again reports changed=0 on every host."""
+    run = playbook(cluster["env"], SITE)
+    assert run.returncode == 0, run.stdout[-4000:]
+    stats = recap(run.stdout)
+    assert len(stats) == 3
+    assert {host: s["changed"] for host, s in stats.items()} == {host: 0 for host in stats}
+
+
+def test_rolling_update_waits_for_the_running_job(cluster: dict[str, Any], tmp_path: Path) -> None:
+    """A tuning change rolls through drained nodes; the running job ends untouched; a dead host is named."""
+    head, first = cluster["head"], cluster["compute"][0]
+    job_id = on(
+        head, f"sbatch --parsable -w {first} -o /tmp/sleep-%j.out --wrap 'echo start; sleep 30; echo done'"
+    )
+    job_id = job_id.strip().split(";")[0]
+    on(
+        head,
+        f"for i in $(seq 30); do squeue -h -j {job_id} -t R | grep -q . && exit 0; sleep 1; done; exit 1",
+    )
+    # A compute node that does not answer (nothing listens at .99 on the lab bridge).
+    subnet = cluster["info"]["hosts"][0]["ip"].rsplit(".", 1)[0]
+    ghost = tmp_path / "ghost.ini"
+    ghost.write_text(f"[compute]\nghost-node ansible_host={subnet}.99 ansible_connection=ssh\n")
+    run = playbook(
+        cluster["env"],
+        "-i",
+        "inventory/aws_ec2.yml",
+        "-i",
+        str(ghost),
+        "playbooks/rolling_update.yml",
+        "-e",
+        "nccl_tuning_debug=INFO",
+        "-e",
+        json.dumps({"rolling_update_roles": ["nccl_tuning"]}),
+    )
+    assert "ghost-node: unreachable" in run.stdout, run.stdout[-6000:]
+    assert run.stdout.count(": updated'") == 2, run.stdout[-6000:]
+    finished = job(head, job_id)
+    assert (finished["JobState"], finished["ExitCode"]) == ("COMPLETED", "0:0")
+    assert on(first, f"cat /tmp/sleep-{job_id}.out").split() == ["start", "done"]
+    # The node was changed only after its job had ended.
+    end = datetime.fromisoformat(finished["EndTime"]).timestamp()
+    assert float(on(first, "stat -c %Y /etc/gpuforge/nccl.env")) >= end
+    assert "Reason=gpuforge rolling update" not in on(head, f"scontrol show node {first}")
+    assert "drain" in on(head, "grep -i drain /var/log/slurm/slurmctld.log").lower()
+    for node in cluster["compute"]:
+        assert "NCCL_DEBUG=INFO" in on(node, "cat /etc/nccl.conf /etc/gpuforge/nccl.env")
+    states = dict(line.split() for line in on(head, "sinfo --noheader --Node --format='%N %T'").splitlines())
+    assert states == {name: "idle" for name in cluster["compute"]}
+
+
+def test_on_node_configured_pulls_the_repository(cluster: dict[str, Any], tmp_path: Path) -> None:
+    """The OnNodeConfigured script ansible-pulls this repository (HEAD, from a bare repo on the node)."""
+    node = cluster["compute"][1]
+    ip = next(h["ip"] for h in cluster["info"]["hosts"] if h["name"] == node)
+    bundle = tmp_path / "gpuforge.bundle"
+    ref = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--abbrev-ref", "HEAD"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # The bundle carries the branch, so the node clones it by name as ParallelCluster nodes would.
+    subprocess.run(
+        ["git", "-C", str(REPO), "bundle", "create", str(bundle), ref], check=True, capture_output=True
+    )
+    ssh = [
+        "-i",
+        cluster["info"]["ssh_key"],
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+    files = [str(bundle), str(REPO / "scripts" / "pcluster" / "on_node_configured.sh")]
+    # The lab's HTTPS path to PyPI goes through this machine's proxy: trust this machine's CAs there.
+    ca = Path("/etc/ssl/certs/ca-certificates.crt")
+    if ca.exists():
+        files.append(str(ca))
+    subprocess.run(["scp", *ssh, *files, f"admin@{ip}:/tmp/"], check=True, capture_output=True, timeout=60)
+    on(node, "rm -f /usr/local/sbin/gpuforge-health /etc/slurm/prolog.d/50-gpuforge-health")
+    on(
+        node,
+        "command -v git >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q git >/dev/null",
+    )
+    on(node, "rm -rf /srv/gpuforge.git && git clone -q --bare /tmp/gpuforge.bundle /srv/gpuforge.git")
+    cert = "PIP_CERT=/tmp/ca-certificates.crt " if ca.exists() else ""
+    output = on(
+        node,
+        f"{cert}/tmp/on_node_configured.sh --repo file:///srv/gpuforge.git --ref {ref} "
+        "--node-type Compute --playbook playbooks/health.yml 2>&1",
+    )
+    stats = recap(output)
+    assert stats["localhost"]["failed"] == 0, output[-4000:]
+    assert "NOT_PRESENT gpu_count" in output
+    assert on(node, "stat -c %a /usr/local/sbin/gpuforge-health").strip() == "755"
+    assert "--mode prolog" in on(node, "cat /etc/slurm/prolog.d/50-gpuforge-health")
+    assert (
+        on(node, "git -C /opt/gpuforge/src rev-parse HEAD").strip()
+        == subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
