@@ -1,0 +1,131 @@
+"""Bad inputs to the stack roles (efa, nccl, aws_ofi_nccl, pytorch) fail early with a clear message.
+
+One check-mode play on the control host includes each role with one bad input inside block/rescue
+and collects the failure messages. Check mode and the failures in each role's validate step mean
+nothing on the control host changes; IMDS is disabled so no request leaves loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.slow
+
+# case id -> (role, variables, text the failure message must contain)
+CASES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "efa-latest": ("efa", {"efa_installer_version": "latest"}, '"latest" is not an EFA installer release'),
+    "efa-unpinned-sha256": ("efa", {}, "No valid sha256 is pinned for the EFA installer"),
+    "efa-bad-fingerprint": (
+        "efa",
+        {"efa_installer_sha256": "a" * 64, "efa_installer_gpg_fingerprint": "DD2D3CCC"},
+        "must be the 40-hex-digit fingerprint",
+    ),
+    "efa-bad-flag": (
+        "efa",
+        {"efa_installer_sha256": "a" * 64, "efa_installer_extra_flags": ["; rm -rf /"]},
+        "is not an efa_installer.sh option",
+    ),
+    "nccl-range": ("nccl", {"nccl_version": ">=2.21"}, "must be exact releases such as 2.21.5"),
+    "ofi-version": ("aws_ofi_nccl", {"aws_ofi_nccl_version": "1.13.x"}, "is not an aws-ofi-nccl release"),
+    "ofi-source": ("aws_ofi_nccl", {"aws_ofi_nccl_source": "sideways"}, "aws_ofi_nccl_source must be one of"),
+    "ofi-bundled-missing": (
+        "aws_ofi_nccl",
+        {"aws_ofi_nccl_source": "bundled", "aws_ofi_nccl_bundled_prefix": "/nonexistent/ofi-nccl"},
+        "aws_ofi_nccl_source is 'bundled' but /nonexistent/ofi-nccl holds no plugin",
+    ),
+    "pytorch-latest": ("pytorch", {"pytorch_version": "latest"}, "must be an exact release such as 2.5.1"),
+    "pytorch-wrong-wheel": (
+        "pytorch",
+        {
+            "pytorch_version": "2.13.0",
+            "pytorch_cuda_build": "cpu",
+            "pytorch_wheel_url": "http://127.0.0.1:1/torch-2.12.0+cpu-cp311-cp311-linux_x86_64.whl",
+            "pytorch_wheel_sha256": "b" * 64,
+        },
+        "pytorch_wheel_url must name torch 2.13.0+cpu",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def messages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("validate")
+    tasks = []
+    for case, (role, variables, _) in CASES.items():
+        tasks.append(
+            {
+                "name": f"Case {case}",
+                "block": [{"ansible.builtin.include_role": {"name": role}, "vars": variables}],
+                "rescue": [
+                    {
+                        "ansible.builtin.set_fact": {
+                            "_results": "{{ _results | combine({_case: _failure}) }}"
+                        },
+                        "vars": {
+                            "_case": case,
+                            "_failure": "{{ ansible_failed_result.msg | default('none') }}",
+                        },
+                    }
+                ],
+            }
+        )
+    tasks.append(
+        {
+            "name": "Write the collected messages",
+            "ansible.builtin.copy": {
+                "content": "{{ _results | to_json }}",
+                "dest": str(out / "messages.json"),
+                "mode": "0600",
+            },
+            "check_mode": False,
+        }
+    )
+    play = [
+        {
+            "hosts": "localhost",
+            "connection": "local",
+            "gather_facts": True,
+            "vars": {
+                "_results": {},
+                "gpuforge_instance_type": "p5.48xlarge",
+                "gpuforge_common_imds_enabled": False,
+                "ansible_python_interpreter": sys.executable,
+            },
+            "tasks": tasks,
+        }
+    ]
+    (out / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), "--check", "-i", "localhost,", str(out / "play.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        timeout=600,
+        env={
+            "PATH": f"{BIN}:/usr/bin:/bin",
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "HOME": str(out),
+        },
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    collected: dict[str, str] = json.loads((out / "messages.json").read_text())
+    return collected
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_fails_with_a_clear_message(messages: dict[str, str], case: str) -> None:
+    """The role stopped on this input, and its message names what to fix."""
+    assert case in messages, f"{case} did not fail; collected: {sorted(messages)}"
+    assert CASES[case][2] in messages[case]
