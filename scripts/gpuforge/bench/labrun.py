@@ -1,8 +1,10 @@
 """Drive a lab from benchmarks and reliability tests: up/down through the real CLI, env, host faults.
 
-Lab hosts are systemd-nspawn containers (gpuforge.lab.host); a "killed" host is its nspawn
-process sent SIGKILL, which takes the container's whole PID namespace with it, as a power
-loss would. `restart_host` boots the same writable layer again, like an instance start.
+Lab hosts are systemd-nspawn containers (gpuforge.lab.host). A "killed" host is the
+container's init (systemd, nspawn's child) sent SIGKILL: the kernel then kills every process in
+its PID namespace at once, as a power loss would, and nspawn exits. (SIGKILL to nspawn itself
+would orphan a still-running container.) `restart_host` boots the same writable layer again,
+like an instance start.
 """
 
 from __future__ import annotations
@@ -90,7 +92,11 @@ def kill_host(name: str, host_name: str) -> None:
     """SIGKILL the host's container (all its processes die at once; its disk layer stays)."""
     _, node = _host_state(name, host_name)
     if node.pid and system.pid_alive(node.pid, node.netns):
-        os.kill(node.pid, signal.SIGKILL)
+        children = Path(f"/proc/{node.pid}/task/{node.pid}/children").read_text().split()
+        if not children:
+            raise ExternalError(f"host {host_name}: systemd-nspawn (pid {node.pid}) has no container init")
+        for child in children:
+            os.kill(int(child), signal.SIGKILL)
     deadline = time.monotonic() + 30
     while system.pid_alive(node.pid, node.netns):
         if time.monotonic() > deadline:
