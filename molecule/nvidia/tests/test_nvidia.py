@@ -1,0 +1,204 @@
+"""Verifier for the NVIDIA roles on lab hosts (no GPU): real packages, files, units and reports.
+
+The lab cannot reach NVIDIA, so DCGM and the container toolkit come from TEST FIXTURE apt
+repositories built by prepare.yml (files/build-fixture-repos.sh): those tests prove the roles'
+repository trust, pinning and holds, not NVIDIA's binaries. The driver userspace is Debian's real
+non-free packaging of the pinned release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuforge import versions
+
+testinfra_hosts = ["all"]
+
+SCENARIO = Path(__file__).resolve().parent.parent
+PINS = versions.load().components
+FIXTURE_FPR = "1BFC70D46F4EA877C7A9426A21D9BFD25F4C1F80"
+DEB_VERSION = PINS["nvidia_driver"]["debian_package_version"]
+DRIVER_PACKAGES = [
+    "nvidia-smi",
+    "libnvidia-ml1",
+    "libcuda1",
+    "libnvidia-ptxjitcompiler1",
+    "libnvidia-pkcs11-openssl3",
+    "libnvidia-cfg1",
+    "nvidia-alternative",
+]
+TOOLKIT_PACKAGES = [
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+]
+
+
+def _report(host, name: str) -> dict:
+    report = host.file(f"/etc/gpuforge/reports/{name}.json")
+    assert report.exists and report.user == "root" and report.mode == 0o644
+    return json.loads(report.content_string)
+
+
+def _held(host, package: str) -> bool:
+    # dpkg prints multi-arch packages as name:arch.
+    fields = host.check_output(f"dpkg --get-selections {package}").split()
+    return len(fields) == 2 and fields[0].split(":")[0] == package and fields[1] == "hold"
+
+
+@pytest.mark.parametrize("package", DRIVER_PACKAGES)
+def test_driver_userspace_is_the_pinned_debian_release(host, package):
+    """Each driver userspace package is installed at the pinned Debian version and held."""
+    pkg = host.package(package)
+    assert pkg.is_installed
+    assert pkg.version == DEB_VERSION
+    assert _held(host, package)
+
+
+def test_persistenced_pinned_and_enabled_not_running(host):
+    """nvidia-persistenced is at its pin, held and enabled; without a GPU it cannot run."""
+    pkg = host.package("nvidia-persistenced")
+    assert pkg.version == PINS["nvidia_driver"]["debian_persistenced_version"]
+    assert _held(host, "nvidia-persistenced")
+    service = host.service("nvidia-persistenced")
+    assert service.is_enabled
+    assert not service.is_running
+
+
+@pytest.mark.parametrize("library", ["libnvidia-ml.so.1", "libcuda.so.1"])
+def test_driver_libraries_visible_to_the_loader(host, library):
+    """The NVML and CUDA driver libraries are in the dynamic loader's cache."""
+    cache = host.check_output("/sbin/ldconfig -p")
+    assert any(line.strip().startswith(library + " ") for line in cache.splitlines())
+
+
+def test_no_kernel_module_built_in_the_lab(host):
+    """No DKMS module package is installed in the lab (no headers for the host kernel)."""
+    for package in ("nvidia-kernel-dkms", "nvidia-open-kernel-dkms"):
+        assert not host.package(package).is_installed
+
+
+def test_nvidia_smi_reports_no_device(host):
+    """nvidia-smi is installed and honestly fails without a GPU; nothing fakes its output."""
+    smi = host.file("/usr/bin/nvidia-smi")
+    assert smi.exists
+    result = host.run("nvidia-smi")
+    assert result.rc != 0
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "fabricmanager"),
+    [("c5n.large", "not needed (no NVSwitch)"), ("p5.48xlarge", "not available on Debian")],
+    ids=["head", "compute"],
+)
+def test_driver_report_says_hardware_checks_skipped(host, instance_type, fabricmanager):
+    """The driver report records the pinned version, fabric manager status and skipped checks."""
+    hardware = json.loads(host.file("/etc/gpuforge/hardware.json").content_string)
+    if hardware["instance_type"] != instance_type:
+        pytest.skip(f"this host is a {hardware['instance_type']}")
+    report = _report(host, "nvidia_driver")
+    assert report["pinned_version"] == PINS["nvidia_driver"]["version"]
+    assert report["installed_version"] == PINS["nvidia_driver"]["version"]
+    assert report["source"] == "apt"
+    assert report["fabricmanager"] == fabricmanager
+    assert report["hardware_checks"] == {"nvidia_smi": "skipped: no GPU present"}
+
+
+@pytest.mark.parametrize("repo", ["nvidia-cuda", "nvidia-container-toolkit"])
+def test_repositories_trust_only_the_pinned_key(host, repo):
+    """Each NVIDIA source is deb822 with Signed-By a key whose fingerprint is the pinned one."""
+    source = host.file(f"/etc/apt/sources.list.d/{repo}.sources")
+    assert source.exists and source.mode == 0o644
+    assert f"Signed-By: /etc/apt/keyrings/{repo}.asc" in source.content_string
+    key = host.file(f"/etc/apt/keyrings/{repo}.asc")
+    assert key.user == "root" and key.mode == 0o644
+    with host.sudo():
+        colons = host.check_output(
+            f"gpg --batch --homedir /var/cache/gpuforge/gnupg --with-colons --import-options show-only "
+            f"--import /etc/apt/keyrings/{repo}.asc"
+        )
+    fprs = [line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:")]
+    assert fprs[0] == FIXTURE_FPR
+
+
+@pytest.mark.parametrize("package", TOOLKIT_PACKAGES)
+def test_container_toolkit_pinned_and_held(host, package):
+    """The toolkit packages (test fixtures) are at the pinned version and held."""
+    pkg = host.package(package)
+    assert pkg.version == PINS["nvidia_container_toolkit"]["package_version"]
+    assert _held(host, package)
+    assert host.file(f"/usr/share/doc/{package}/GPUFORGE-TEST-FIXTURE").exists
+
+
+def test_container_toolkit_report_no_engine(host):
+    """No container engine in the lab: no runtime registered, GPU check reported skipped."""
+    report = _report(host, "nvidia_container_toolkit")
+    assert report["runtimes_registered"] == []
+    assert report["hardware_checks"] == {"nvidia_container_cli_info": "skipped: no GPU present"}
+    assert not host.file("/etc/docker/daemon.json").exists
+
+
+def test_dcgm_pinned_held_enabled(host):
+    """datacenter-gpu-manager (fixture) is at its pin with epoch, held; nvidia-dcgm enabled, not running."""
+    pkg = host.package("datacenter-gpu-manager")
+    assert pkg.version == PINS["dcgm"]["package_version"]
+    assert _held(host, "datacenter-gpu-manager")
+    service = host.service("nvidia-dcgm")
+    assert service.is_enabled
+    assert not service.is_running
+
+
+def test_dcgm_exporter_binary_is_the_verified_artifact(host):
+    """The exporter binary is the artifact whose sha256 the role verified, root-owned and executable."""
+    binary = host.file("/usr/local/bin/dcgm-exporter")
+    assert binary.user == "root" and binary.mode == 0o755
+    fixture = SCENARIO / "files" / "dcgm-exporter-fixture"
+    assert binary.sha256sum == hashlib.sha256(fixture.read_bytes()).hexdigest()
+
+
+def test_dcgm_exporter_unit(host):
+    """The unit serves :9400 with the managed collectors file, is valid, enabled and not started."""
+    unit = host.file("/etc/systemd/system/dcgm-exporter.service")
+    assert unit.mode == 0o644
+    text = unit.content_string
+    assert "--address :9400" in text
+    assert "--collectors /etc/dcgm-exporter/default-counters.csv" in text
+    assert host.run("systemd-analyze verify /etc/systemd/system/dcgm-exporter.service").rc == 0
+    service = host.service("dcgm-exporter")
+    assert service.is_enabled
+    assert not service.is_running
+    assert not host.socket("tcp://0.0.0.0:9400").is_listening
+
+
+def test_dcgm_collectors_file_is_well_formed(host):
+    """Every collector line is 'DCGM_FI_* , gauge|counter, help'."""
+    csv = host.file("/etc/dcgm-exporter/default-counters.csv")
+    assert csv.mode == 0o644
+    rows = [line for line in csv.content_string.splitlines() if line.strip() and not line.startswith("#")]
+    assert rows
+    for row in rows:
+        field, kind, help_text = (part.strip() for part in row.split(",", 2))
+        assert field.startswith("DCGM_FI_")
+        assert kind in {"gauge", "counter"}
+        assert help_text
+
+
+def test_dcgm_report_says_hardware_checks_skipped(host):
+    """The DCGM report says which checks were skipped and why."""
+    report = _report(host, "dcgm")
+    assert report["pinned_version"] == PINS["dcgm"]["package_version"]
+    assert report["exporter"] == {
+        "enabled": True,
+        "version": PINS["dcgm_exporter"]["version"],
+        "install_method": "binary",
+        "port": 9400,
+    }
+    assert report["hardware_checks"] == {
+        "dcgmi_discovery": "skipped: no GPU present",
+        "exporter_metrics": "skipped: no GPU present (service enabled, not started)",
+    }
