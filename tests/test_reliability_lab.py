@@ -112,7 +112,7 @@ def names(env: dict[str, str]) -> dict[str, str]:
     hostvars = json.loads(out.stdout)["_meta"]["hostvars"]
     # ansible-inventory marks values from the cloud as unsafe: {"__ansible_unsafe": "10.213.1.10"}.
     ips = {k: v["ansible_host"] for k, v in hostvars.items()}
-    return {(ip.get("__ansible_unsafe") if isinstance(ip, dict) else ip): k for k, ip in ips.items()}
+    return {str(ip["__ansible_unsafe"] if isinstance(ip, dict) else ip): k for k, ip in ips.items()}
 
 
 def recap(stdout: str) -> dict[str, dict[str, int]]:
