@@ -63,15 +63,22 @@ class Lab:
         )
 
 
-def up(name: str, nodes: int) -> Lab:
-    """A fresh lab (an old one of the same name is taken down first) with moto on a free port."""
-    gpuforge("lab", "down", "--name", name)
-    out = gpuforge(
-        "lab", "up", "--name", name, "--nodes", str(nodes), "--moto-port", str(free_port()), "--json"
-    )
-    if out.returncode != 0:
-        raise ExternalError(f"gpuforge lab up --name {name} failed: {out.stderr.strip()}")
-    return Lab(name=name, info=json.loads(out.stdout))
+def up(name: str, nodes: int, attempts: int = 2) -> Lab:
+    """A fresh lab (an old one of the same name is taken down first) with moto on a free port.
+
+    On a loaded machine a host occasionally fails to boot; `lab up` then tears everything down,
+    so trying once more is safe.
+    """
+    error = ""
+    for _ in range(attempts):
+        gpuforge("lab", "down", "--name", name)
+        port = str(free_port())
+        out = gpuforge("lab", "up", "--name", name, "--nodes", str(nodes), "--moto-port", port, "--json")
+        if out.returncode == 0:
+            return Lab(name=name, info=json.loads(out.stdout))
+        error = out.stderr.strip()
+        print(f"gpuforge lab up --name {name} failed, retrying: {error}", file=sys.stderr)
+    raise ExternalError(f"gpuforge lab up --name {name} failed {attempts} times: {error}")
 
 
 def down(name: str) -> None:
