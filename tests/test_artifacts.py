@@ -150,3 +150,23 @@ def test_fixture_record_and_wheels(built: fixtures.Fixtures) -> None:
     assert wheel.read_bytes() == b"TEST FIXTURE wheel"
     assert record["wheels"] == {"demo-1.0-py3-none-any.whl": fixtures.sha256_file(wheel)}
     assert "TEST FIXTURE" in fixtures.FIXTURE_UID
+
+
+def test_lab_gateways_come_from_lab_state_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allowed non-loopback addresses are exactly the gateways of labs with a state file."""
+    monkeypatch.setenv("GPUFORGE_LAB_DIR", str(tmp_path))
+    assert server.lab_gateways() == set()
+    for name, prefix in (("alpha", "10.213.7"), ("beta", "10.213.8")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.json").write_text(json.dumps({"subnet_prefix": prefix}))
+    assert server.lab_gateways() == {"10.213.7.1", "10.213.8.1"}
+    assert server.check_address("10.213.8.1") == "10.213.8.1"
+
+
+def test_server_cli_names_a_lab_that_is_not_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--lab for a lab without state exits 2 and says how to start it."""
+    monkeypatch.setenv("GPUFORGE_LAB_DIR", str(tmp_path))
+    assert server.main(["--root", str(tmp_path), "--lab", "nolab"]) == 2
+    assert "lab 'nolab' is not up" in capsys.readouterr().err
