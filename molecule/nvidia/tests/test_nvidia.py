@@ -138,6 +138,7 @@ def test_container_toolkit_pinned_and_held(host, package):
 def test_container_toolkit_report_no_engine(host):
     """No container engine in the lab: no runtime registered, GPU check reported skipped."""
     report = _report(host, "nvidia_container_toolkit")
+    assert report["platform"] == "lab"
     assert report["runtimes_registered"] == []
     assert report["hardware_checks"] == {"nvidia_container_cli_info": "skipped: no GPU present"}
     assert not host.file("/etc/docker/daemon.json").exists
@@ -191,6 +192,7 @@ def test_dcgm_collectors_file_is_well_formed(host):
 def test_dcgm_report_says_hardware_checks_skipped(host):
     """The DCGM report says which checks were skipped and why."""
     report = _report(host, "dcgm")
+    assert report["platform"] == "lab"
     assert report["pinned_version"] == PINS["dcgm"]["package_version"]
     assert report["exporter"] == {
         "enabled": True,
