@@ -83,51 +83,41 @@ def on_host(lab: dict[str, Any], command: str) -> str:
     return out.stdout
 
 
-def run_efa(lab: dict[str, Any], tmp_path: Path, extra: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+def run_play(
+    lab: dict[str, Any], tmp_path: Path, tasks: list[dict[str, Any]]
+) -> subprocess.CompletedProcess[str]:
     node = lab["hosts"][0]
     inventory = tmp_path / "inventory.json"
-    inventory.write_text(
-        json.dumps(
-            {
-                "all": {
-                    "hosts": {
-                        "efa-node": {
-                            "ansible_host": node["ip"],
-                            "ansible_user": lab["ssh_user"],
-                            "ansible_ssh_private_key_file": lab["ssh_key"],
-                            "gpuforge_instance_type": "p5.48xlarge",
-                        }
-                    }
-                }
-            }
-        )
+    host = {
+        "ansible_host": node["ip"],
+        "ansible_user": lab["ssh_user"],
+        "ansible_ssh_private_key_file": lab["ssh_key"],
+        "gpuforge_instance_type": "p5.48xlarge",
+    }
+    inventory.write_text(json.dumps({"all": {"hosts": {"efa-node": host}}}))
+    playbook = tmp_path / "efa.json"
+    playbook.write_text(
+        json.dumps([{"hosts": "all", "become": True, "vars": {"_refused": {}}, "tasks": tasks}])
     )
-    playbook = tmp_path / "efa.yml"
-    playbook.write_text("- hosts: all\n  become: true\n  roles:\n    - role: efa\n")
-    (tmp_path / "vars.json").write_text(json.dumps(extra))
     env = {
         **os.environ,
         "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
     }
     return subprocess.run(
-        [
-            str(BIN / "ansible-playbook"),
-            "-i",
-            str(inventory),
-            "-e",
-            f"@{tmp_path / 'vars.json'}",
-            str(playbook),
-        ],
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook)],
         capture_output=True,
         text=True,
         check=False,
         cwd=REPO,
         env=env,
-        timeout=300,
+        timeout=600,
     )
+
+
+def run_efa(lab: dict[str, Any], tmp_path: Path, extra: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return run_play(lab, tmp_path, [{"ansible.builtin.include_role": {"name": "efa"}, "vars": extra}])
 
 
 def good_vars(url: str, built: fixtures.Fixtures) -> dict[str, Any]:
@@ -154,25 +144,73 @@ REFUSALS = {
 }
 
 
-@pytest.mark.parametrize("case", list(REFUSALS))
-def test_bad_download_fails_early_and_changes_nothing(
-    lab: dict[str, Any], served: tuple[str, fixtures.Fixtures], tmp_path: Path, case: str
-) -> None:
-    """Each bad input fails the play with a message naming the problem, and the host is as before."""
+@pytest.fixture(scope="module")
+def refused(
+    lab: dict[str, Any], served: tuple[str, fixtures.Fixtures], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """One play tries every bad case (each in a block whose rescue keeps the failure message)."""
     url, built = served
-    overrides, messages = REFUSALS[case]
-    extra = {
-        **good_vars(url, built),
-        **{k: v.format(url=url) if isinstance(v, str) else v for k, v in overrides.items()},
-    }
+    tasks: list[dict[str, Any]] = []
+    for case, (overrides, _) in REFUSALS.items():
+        values = {k: v.format(url=url) if isinstance(v, str) else v for k, v in overrides.items()}
+        tasks.append(
+            {
+                "name": f"Case {case}",
+                "block": [
+                    {
+                        "ansible.builtin.include_role": {"name": "efa"},
+                        "vars": {**good_vars(url, built), **values},
+                    }
+                ],
+                "rescue": [
+                    {
+                        "ansible.builtin.set_fact": {
+                            "_refused": "{{ _refused | combine({_case: _message}) }}"
+                        },
+                        "vars": {
+                            "_case": case,
+                            "_message": "{{ ansible_failed_result.msg | default('none') }}",
+                        },
+                    }
+                ],
+            }
+        )
+    out = tmp_path_factory.mktemp("refusals")
+    tasks.append(
+        {
+            "name": "Keep the collected messages on the control host",
+            "ansible.builtin.copy": {
+                "content": "{{ _refused | to_json }}",
+                "dest": str(out / "refused.json"),
+                "mode": "0600",
+            },
+            "delegate_to": "localhost",
+            "become": False,
+        }
+    )
     before = on_host(lab, SNAPSHOT)
-    result = run_efa(lab, tmp_path, extra)
+    result = run_play(lab, out, tasks)
+    after = on_host(lab, SNAPSHOT)
     output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-2000:]
-    for message in messages:
-        assert message.format(impostor=built.impostor_fingerprint) in output, output[-3000:]
-    assert "Run the EFA installer" not in output
-    assert on_host(lab, SNAPSHOT) == before
+    assert result.returncode == 0, output[-3000:]
+    messages: dict[str, str] = json.loads((out / "refused.json").read_text())
+    return {"messages": messages, "before": before, "after": after, "output": output, "built": built}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_bad_download_fails_early_with_a_clear_message(refused: dict[str, Any], case: str) -> None:
+    """Each bad input stops the role with a message naming the problem."""
+    assert case in refused["messages"], f"{case} did not fail: {refused['output'][-3000:]}"
+    for message in REFUSALS[case][1]:
+        assert message.format(impostor=refused["built"].impostor_fingerprint) in refused["messages"][case]
+
+
+def test_refused_downloads_changed_nothing(refused: dict[str, Any]) -> None:
+    """No case extracted or ran the installer, left a scratch directory, wrote settings or packages."""
+    assert "TASK [efa : Extract the verified installer]" not in refused["output"]
+    assert "TASK [efa : Run the EFA installer" not in refused["output"]
+    assert refused["after"] == refused["before"]
+    assert "gpuforge-efa-" not in refused["after"]
 
 
 def test_good_download_installs_once_then_skips(
