@@ -27,6 +27,7 @@ from pathlib import Path
 
 from gpuforge.bench import labrun
 from gpuforge.bench.timing import load_average, run_timed, table
+from gpuforge.errors import ExternalError
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -121,7 +122,12 @@ def main() -> int:
                 if args.only and name not in args.only:
                     continue
                 facts = tmp / f"facts-{name}-{nodes}"
-                row = measure(nodes, name, {**env, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts)})
+                try:
+                    row = measure(nodes, name, {**env, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts)})
+                except ExternalError as exc:
+                    # Keep the other sizes' figures; say what broke in this row.
+                    first_line = str(exc).splitlines()[-1][:100]
+                    row = [nodes, name, "-", "-", "-", "-", "-", f"FAILED: {first_line}"]
                 rows.append(row)
                 print(
                     "  " + " ".join(str(c) if not isinstance(c, float) else f"{c:.1f}" for c in row),
