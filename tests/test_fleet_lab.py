@@ -270,3 +270,21 @@ def test_on_node_configured_pulls_the_repository(cluster: dict[str, Any], tmp_pa
         ["git", "bundle", "list-heads", str(bundle)], check=True, capture_output=True, text=True
     )
     assert on(node, "git -C /opt/gpuforge/src rev-parse HEAD").split() == heads.stdout.split()[:1]
+
+
+def test_parallelcluster_mode_only_adds_scripts(cluster: dict[str, Any]) -> None:
+    """On a ParallelCluster node (/opt/parallelcluster exists) slurm.conf is left alone; scripts are added."""
+    node = cluster["compute"][1]
+    ip = next(h["ip"] for h in cluster["info"]["hosts"] if h["name"] == node)
+    on(node, "mkdir -p /opt/parallelcluster")
+    before = on(node, "sha256sum /etc/slurm/slurm.conf; systemctl show -p ActiveEnterTimestamp slurmd")
+    run = playbook(cluster["env"], SITE, "--limit", f"ip-{ip.replace('.', '-')}.ec2.internal")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "no TaskProlog=/opt/slurm/etc/scripts/gpuforge_task_prolog.sh" in run.stdout
+    assert (
+        on(node, "sha256sum /etc/slurm/slurm.conf; systemctl show -p ActiveEnterTimestamp slurmd") == before
+    )
+    assert "/etc/gpuforge/nccl.env" in on(node, "cat /opt/slurm/etc/scripts/gpuforge_task_prolog.sh")
+    for mode in ("prolog", "epilog"):
+        assert f"--mode {mode}" in on(node, f"cat /opt/slurm/etc/scripts/{mode}.d/50-gpuforge-health")
+    on(node, "rmdir /opt/parallelcluster")
