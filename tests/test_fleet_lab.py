@@ -26,7 +26,7 @@ from gpuforge.lab.moto import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "fleet"
-SITE = "tests/fleet/site.yml"
+SITE = "playbooks/fleet.yml"
 
 pytestmark = [
     pytest.mark.lab,
@@ -113,7 +113,10 @@ def cluster() -> Iterator[dict[str, Any]]:
         aws_secret_access_key="testing",
     )
     ssm.put_parameter(
-        Name=f"/gpuforge/{env['GPUFORGE_CLUSTER_NAME']}/munge-key", Type="SecureString", Value=key
+        Name=f"/gpuforge/{env['GPUFORGE_CLUSTER_NAME']}/munge-key",
+        Type="SecureString",
+        Value=key,
+        Overwrite=True,
     )
     run = playbook(env, SITE)
     assert run.returncode == 0, run.stdout[-6000:]

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuforge import instance_types
-from gpuforge.errors import UserError
+from gpuforge.errors import ExternalError, UserError
 from gpuforge.lab import ec2, host, network, rootfs, state, system
 from gpuforge.lab.moto import MotoServer, port_in_use
 from gpuforge.lab.state import HostState, LabState
@@ -38,10 +39,11 @@ class LabSpec:
 
 
 @contextlib.contextmanager
-def _locked() -> Iterator[None]:
+def _locked(name: str = ".labs") -> Iterator[None]:
+    """An exclusive lock: per lab for up/down, and one shared lock for allocating subnets."""
     root = state.lab_root()
     root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as lock:
+    with (root / f".{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -88,7 +90,7 @@ def _alive(lab: LabState) -> bool:
 def up(spec: LabSpec) -> LabState:
     system.require_root_and_tools()
     _validate(spec)
-    with _locked():
+    with _locked(spec.name):
         existing = state.load(spec.name)
         if existing is not None:
             if _alive(existing):
@@ -105,21 +107,25 @@ def up(spec: LabSpec) -> LabState:
                 f"port {spec.moto_port} on 127.0.0.1 is already in use, so moto cannot start; "
                 "stop what holds it or pass --moto-port PORT"
             )
-        lower = rootfs.ensure_rootfs()
-        index = state.allocate_index()
-        prefix = f"10.213.{index}"
-        directory = state.lab_root() / spec.name
-        lab = LabState(
-            name=spec.name,
-            index=index,
-            cluster_name=spec.cluster_name,
-            subnet_prefix=prefix,
-            bridge=network.bridge_name(index),
-            ssh_user=rootfs.SSH_USER,
-            ssh_key=str(directory / "ssh" / "id_ed25519"),
-            hosts=_plan_hosts(spec, prefix),
-        )
-        state.save(lab)
+        with _locked("rootfs"):
+            lower = rootfs.ensure_rootfs()
+        # Labs come up in parallel (Molecule scenarios, benchmarks); only picking a free subnet
+        # and recording it must not interleave.
+        with _locked():
+            index = state.allocate_index()
+            prefix = f"10.213.{index}"
+            directory = state.lab_root() / spec.name
+            lab = LabState(
+                name=spec.name,
+                index=index,
+                cluster_name=spec.cluster_name,
+                subnet_prefix=prefix,
+                bridge=network.bridge_name(index),
+                ssh_user=rootfs.SSH_USER,
+                ssh_key=str(directory / "ssh" / "id_ed25519"),
+                hosts=_plan_hosts(spec, prefix),
+            )
+            state.save(lab)
         try:
             _bring_up(lab, lower, spec.moto_port)
         except BaseException:
@@ -158,7 +164,50 @@ def _bring_up(lab: LabState, lower: Path, moto_port: int | None) -> None:
         state.save(lab)
         with _env(server.env()):
             ec2.register(lab)
+            ec2.store_munge_key(lab)
+        lab.artifacts_pid = _start_artifacts(lab)
     state.save(lab)
+
+
+def _start_artifacts(lab: LabState) -> int:
+    """Serve the lab's stand-ins for vendor downloads on the bridge (test fixtures, named so).
+
+    The real EFA installer and PyTorch's CUDA wheels cannot be reached from the lab; a signed
+    fixture installer (throwaway key) and PyTorch's CPU wheel, when this machine has it, can.
+    """
+    wheels = (
+        sorted(Path("/opt/wheels").glob("torch-*+cpu-cp311-*.whl")) if Path("/opt/wheels").is_dir() else []
+    )
+    build = [sys.executable, "-m", "gpuforge.artifacts.fixtures", "build", "--out", str(lab.artifacts_dir)]
+    for wheel in wheels[-1:]:
+        build += ["--wheel", str(wheel)]
+    system.run(build)
+    state_file = lab.directory / "artifacts-server.json"
+    log_path = lab.directory / "logs" / "artifacts.log"
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuforge.artifacts.server",
+                "--root",
+                str(lab.artifacts_dir),
+                "--lab",
+                lab.name,
+                "--state-file",
+                str(state_file),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 30
+    while not state_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise ExternalError(f"the lab artifact server did not start; see {log_path}")
+        time.sleep(0.1)
+    return proc.pid
 
 
 @contextlib.contextmanager
@@ -204,7 +253,7 @@ def down(name: str) -> bool:
     """Remove every process, mount, namespace and file of the lab; False if there was none."""
     system.require_root_and_tools()
     state.validate_name(name)
-    with _locked():
+    with _locked(name):
         lab = state.load(name)
         if lab is None:
             return False
@@ -220,6 +269,7 @@ def _tear_down(lab: LabState) -> None:
             network.delete_host_link(node.netns, node.veth)
     system.stop_process(lab.moto_pid, "motoserver")
     system.stop_process(lab.proxy_pid, "aptproxy")
+    system.stop_process(lab.artifacts_pid, "gpuforge.artifacts.server")
     network.delete_bridge(lab.bridge)
     shutil.rmtree(lab.directory, ignore_errors=True)
 
@@ -256,6 +306,8 @@ def env_exports(name: str) -> dict[str, str]:
         # Each lab (and each incarnation of it) gets its own inventory cache, never a stale one.
         "ANSIBLE_INVENTORY_CACHE_CONNECTION": str(lab.directory / "inventory-cache"),
     }
+    if lab.artifacts_pid:
+        values["GPUFORGE_LAB_ARTIFACTS"] = str(lab.artifacts_dir)
     if lab.moto_url:
         values.update(MotoServer(port=lab.moto_port or 0, log_path=Path("/dev/null")).env())
     return values

@@ -6,9 +6,13 @@ inventory (compose: ansible_host: private_ip_address) lands on the real lab host
 
 from __future__ import annotations
 
+import base64
+import secrets
 from typing import Any
 
-from gpuforge import aws, instance_types
+import yaml
+
+from gpuforge import aws, instance_types, paths
 from gpuforge.lab import rootfs
 from gpuforge.lab.state import HostState, LabState
 
@@ -101,3 +105,18 @@ def register(lab: LabState) -> None:
         )
         host.instance_id = reservation["Instances"][0]["InstanceId"]
     ec2.get_waiter("instance_running").wait(InstanceIds=[h.instance_id for h in lab.hosts if h.instance_id])
+
+
+def munge_key_parameter(cluster_name: str) -> str:
+    """The SSM parameter the slurm role reads the munge key from (its default, rendered)."""
+    defaults = yaml.safe_load((paths.repo_root() / "roles/slurm/defaults/main.yml").read_text())
+    template = str(defaults["slurm_munge_key_ssm_parameter"])
+    return template.replace("{{ slurm_cluster_name }}", cluster_name)
+
+
+def store_munge_key(lab: LabState) -> str:
+    """Give the lab cluster a fresh munge key as an SSM SecureString, as production keeps it."""
+    name = munge_key_parameter(lab.cluster_name)
+    key = base64.b64encode(secrets.token_bytes(96)).decode()
+    aws.client("ssm").put_parameter(Name=name, Type="SecureString", Value=key, Overwrite=True)
+    return name

@@ -88,6 +88,31 @@ def personalise(lab: LabState, host: HostState, root: Path, public_key: str) -> 
         f'Acquire::http::Proxy "{proxy}";\n'
     )
     (root / "etc/pip.conf").write_text(f"[global]\nproxy = {proxy}\n")
+    trust_local_cas(root)
+
+
+LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
+
+
+def trust_local_cas(root: Path) -> None:
+    """Trust the CAs the control host trusts locally (its HTTPS egress to PyPI presents them).
+
+    They go where update-ca-certificates keeps them and into the bundle OpenSSL and pip read,
+    so HTTPS through the lab proxy verifies as it does on the control host.
+    """
+    local = sorted(LOCAL_CA_DIR.glob("*.crt")) if LOCAL_CA_DIR.is_dir() else []
+    if not local:
+        return
+    target_dir = root / LOCAL_CA_DIR.relative_to("/")
+    target_dir.mkdir(parents=True, exist_ok=True)
+    bundle = root / "etc/ssl/certs/ca-certificates.crt"
+    text = bundle.read_text() if bundle.exists() else ""
+    for cert in local:
+        pem = cert.read_text()
+        shutil.copyfile(cert, target_dir / cert.name)
+        if pem.strip() not in text:
+            text = text.rstrip("\n") + "\n" + pem.strip() + "\n"
+    bundle.write_text(text)
 
 
 def boot(lab: LabState, host: HostState, root: Path) -> int:
@@ -143,7 +168,8 @@ def ssh_ok(lab: LabState, host: HostState) -> bool:
     return result.returncode == 0
 
 
-def wait_ssh(lab: LabState, host: HostState, timeout: float = 90.0) -> None:
+def wait_ssh(lab: LabState, host: HostState, timeout: float = 240.0) -> None:
+    # A boot takes seconds on an idle machine; the generous limit is for a loaded CI runner.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not system.pid_alive(host.pid, host.netns):

@@ -59,6 +59,11 @@ class LabState:
     moto_pid: int | None = None
     proxy_port: int | None = None
     proxy_pid: int | None = None
+    artifacts_pid: int | None = None
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.directory / "artifacts"
 
     @property
     def gateway(self) -> str:
