@@ -107,6 +107,7 @@ def up(spec: LabSpec) -> LabState:
                 f"port {spec.moto_port} on 127.0.0.1 is already in use, so moto cannot start; "
                 "stop what holds it or pass --moto-port PORT"
             )
+        system.raise_kernel_limits()
         with _locked("rootfs"):
             lower = rootfs.ensure_rootfs()
         # Labs come up in parallel (Molecule scenarios, benchmarks); only picking a free subnet

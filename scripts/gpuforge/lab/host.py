@@ -173,8 +173,10 @@ def wait_ssh(lab: LabState, host: HostState, timeout: float = 240.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not system.pid_alive(host.pid, host.netns):
+            log_path = lab.directory / "logs" / f"{host.name}.log"
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:] if log_path.exists() else []
             raise ExternalError(
-                f"host {host.name} stopped while booting; see {lab.directory}/logs/{host.name}.log"
+                f"host {host.name} stopped while booting: " + (" | ".join(tail) or "no output")
             )
         if ssh_ok(lab, host):
             return

@@ -84,3 +84,22 @@ def stop_process(pid: int | None, marker: str, timeout: float = 20.0) -> None:
             return
         time.sleep(0.1)
     raise ExternalError(f"process {pid} ({marker}) would not die")
+
+
+# Each booted host runs its own systemd, which holds several inotify instances; the kernel's
+# default of 128 per user runs out at about 16 hosts ("Failed to allocate manager object").
+KERNEL_MINIMUMS = {
+    "fs/inotify/max_user_instances": 8192,
+    "fs/inotify/max_user_watches": 524288,
+}
+
+
+def raise_kernel_limits() -> None:
+    """Raise the limits above to at least these values (never lower a larger setting)."""
+    for key, minimum in KERNEL_MINIMUMS.items():
+        path = Path("/proc/sys") / key
+        try:
+            if int(path.read_text()) < minimum:
+                path.write_text(f"{minimum}\n")
+        except OSError as exc:
+            log.warning("cannot raise %s to %d (%s); many lab hosts may fail to boot", key, minimum, exc)
