@@ -59,7 +59,7 @@ CASES = [
     Case(
         "lab-zero-nodes",
         ("lab", "up", "--name", "badin", "--nodes", "0"),
-        r"--nodes must be",
+        r"0 must be at least 1",
         needs_root=True,
     ),
     Case(

@@ -85,12 +85,14 @@ def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtur
     assert "usage:" in capsys.readouterr().err
 
 
-def test_cli_reports_bad_node_count(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("gpuforge.lab.system.require_root_and_tools", lambda: None)
-    assert cli.main(["lab", "up", "--nodes", "0"]) == 2
-    assert "--nodes must be between 1 and 64" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("value", "message"), [("0", "0 must be at least 1"), ("-2", "-2 must be at least 1")]
+)
+def test_cli_reports_bad_node_count(value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["lab", "up", "--nodes", value])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_moto_refuses_a_busy_port(tmp_path: Path) -> None:

@@ -9,19 +9,10 @@ from typing import Any
 
 from gpuforge import aws, versions
 from gpuforge.ami import bake, images, prune, publish
+from gpuforge.cliargs import positive_int
 from gpuforge.errors import UserError
 
 LOG = logging.getLogger(__name__)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +61,7 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kms-key-id", default="", help="KMS key for the encrypted volumes (default: aws/ebs)"
     )
-    parser.add_argument("--root-volume-size", type=_positive, default=100, metavar="GIB")
+    parser.add_argument("--root-volume-size", type=positive_int, default=100, metavar="GIB")
     parser.add_argument(
         "--extra-vars", type=Path, metavar="FILE", help="YAML/JSON vars for ansible-playbook -e @FILE"
     )
@@ -107,7 +98,7 @@ def register(sub: Any) -> None:
 
     p_prune = sub.add_parser("prune", help="deregister old gpuforge AMIs and their snapshots")
     _add_common(p_prune)
-    p_prune.add_argument("--keep", type=_positive, default=3, help="how many of the newest images to keep")
+    p_prune.add_argument("--keep", type=positive_int, default=3, help="how many of the newest images to keep")
     p_prune.add_argument(
         "--parameter",
         action="append",

@@ -9,18 +9,11 @@ import shlex
 import sys
 from typing import Any
 
+from gpuforge.cliargs import positive_int
 from gpuforge.errors import UserError
 from gpuforge.lab import core, host, state
 
 DEFAULT_NAME = os.environ.get("GPUFORGE_LAB", "default")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    return value
 
 
 def register(sub: Any) -> None:
@@ -36,9 +29,9 @@ def register(sub: Any) -> None:
 
     p_up = add("up", "create the hosts, the package proxy and moto, and register the hosts as EC2 instances")
     p_up.add_argument(
-        "--nodes", type=_positive, default=3, help="hosts: 1 head node + N-1 compute (default 3)"
+        "--nodes", type=positive_int, default=3, help="hosts: 1 head node + N-1 compute (default 3)"
     )
-    p_up.add_argument("--moto-port", type=_positive, default=5000, help="loopback port for moto_server")
+    p_up.add_argument("--moto-port", type=positive_int, default=5000, help="loopback port for moto_server")
     p_up.add_argument("--no-ec2", action="store_true", help="hosts only, no moto (what Molecule uses)")
     p_up.add_argument("--cluster-name", default="lab", help="value of the parallelcluster:cluster-name tag")
     p_up.add_argument(
