@@ -70,7 +70,7 @@ def configs(tmp: Path, mitogen: Path | None) -> dict[str, dict[str, str]]:
     return out
 
 
-def measure(nodes: int, name: str, env: dict[str, str]) -> list[object]:
+def measure(nodes: int, name: str, env: dict[str, str], playbook: Path) -> list[object]:
     lab = labrun.up(f"bench{nodes}", nodes)
     try:
         run_env = {**lab.env(), **env}
@@ -81,11 +81,11 @@ def measure(nodes: int, name: str, env: dict[str, str]) -> list[object]:
         )
         pinged = out.stdout.count("SUCCESS")
         first, out1 = run_timed(
-            [str(BIN / "ansible-playbook"), "site.yml"], env=run_env, cwd=REPO, check=False
+            [str(BIN / "ansible-playbook"), str(playbook)], env=run_env, cwd=REPO, check=False
         )
         hosts1, changed1, bad1 = recap(out1.stdout)
         rerun, out2 = run_timed(
-            [str(BIN / "ansible-playbook"), "site.yml"], env=run_env, cwd=REPO, check=False
+            [str(BIN / "ansible-playbook"), str(playbook)], env=run_env, cwd=REPO, check=False
         )
         hosts2, changed2, bad2 = recap(out2.stdout)
         for result in (out1, out2):
@@ -109,11 +109,14 @@ def main() -> int:
         "--mitogen", type=Path, help="directory holding ansible_mitogen (pip install --target)"
     )
     parser.add_argument("--only", nargs="+", help="configurations to run (default: all)")
+    parser.add_argument(
+        "--playbook", type=Path, default=REPO / "site.yml", help="playbook to time (default: site.yml)"
+    )
     args = parser.parse_args()
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
     ).stdout
-    print(f"gpuforge {rev.strip()}; load before: {load_average()}")
+    print(f"gpuforge {rev.strip()}, playbook {args.playbook}; load before: {load_average()}")
     rows: list[list[object]] = []
     with tempfile.TemporaryDirectory(prefix="gpuforge-bench-fleet-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -123,7 +126,9 @@ def main() -> int:
                     continue
                 facts = tmp / f"facts-{name}-{nodes}"
                 try:
-                    row = measure(nodes, name, {**env, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts)})
+                    row = measure(
+                        nodes, name, {**env, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts)}, args.playbook
+                    )
                 except ExternalError as exc:
                     # Keep the other sizes' figures; say what broke in this row.
                     first_line = str(exc).splitlines()[-1][:100]
