@@ -218,7 +218,7 @@ def test_bad_input_gives_a_clear_error(case: Case, tmp_path: Path) -> None:
     assert "Traceback" not in err, err
     assert result.returncode in case.codes, f"exit {result.returncode}: {err}"
     first_error = next(
-        (line for line in err.splitlines() if re.match(r"gpuforge( [\w-]+)?: error: ", line)), ""
+        (line for line in err.splitlines() if re.match(r"gpuforge( [\w-]+)*: error: ", line)), ""
     )
     assert first_error, f"no 'gpuforge: error:' line in:\n{err}"
     assert re.search(case.message, err), err
