@@ -306,6 +306,8 @@ def env_exports(name: str) -> dict[str, str]:
         "GPUFORGE_CLUSTER_NAME": lab.cluster_name,
         # Each lab (and each incarnation of it) gets its own inventory cache, never a stale one.
         "ANSIBLE_INVENTORY_CACHE_CONNECTION": str(lab.directory / "inventory-cache"),
+        # Facts too: lab hosts reuse addresses (and so inventory names) across incarnations.
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(lab.directory / "fact-cache"),
     }
     if lab.artifacts_pid:
         values["GPUFORGE_LAB_ARTIFACTS"] = str(lab.artifacts_dir)
