@@ -24,7 +24,11 @@ pytestmark = pytest.mark.slow
 # case id -> (role, variables, text the failure message must contain)
 CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "efa-latest": ("efa", {"efa_installer_version": "latest"}, '"latest" is not an EFA installer release'),
-    "efa-unpinned-sha256": ("efa", {"efa_installer_sha256": ""}, "No valid sha256 is pinned for the EFA installer"),
+    "efa-unpinned-sha256": (
+        "efa",
+        {"efa_installer_sha256": ""},
+        "No valid sha256 is pinned for the EFA installer",
+    ),
     "efa-bad-fingerprint": (
         "efa",
         {"efa_installer_sha256": "a" * 64, "efa_installer_gpg_fingerprint": "DD2D3CCC"},
