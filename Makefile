@@ -47,10 +47,14 @@ $(STAMPS)/venv: pyproject.toml requirements/constraints.txt
 demo: setup
 	gpuforge lab down --name $(DEMO_LAB)
 	gpuforge lab up --name $(DEMO_LAB) --nodes $(DEMO_NODES) --moto-port $(DEMO_MOTO_PORT)
+	# The lab cannot reach NVIDIA's repositories: molecule/nvidia/prepare.yml builds signed
+	# TEST-FIXTURE stand-ins on the hosts and its vars point the NVIDIA roles at them (the EFA
+	# and PyTorch stand-ins come from the lab's artifact server via group_vars/gpuforge_lab.yml).
 	eval "$$(gpuforge lab env --name $(DEMO_LAB))" && \
 	  ansible-inventory --graph --flush-cache && \
 	  ansible all -m ansible.builtin.ping && \
-	  ansible-playbook site.yml
+	  ansible-playbook molecule/nvidia/prepare.yml && \
+	  ansible-playbook site.yml -e @molecule/nvidia/vars/fixtures.yml
 	@echo "The lab stays up: explore with 'eval \"\$$(gpuforge lab env --name $(DEMO_LAB))\"'; remove it with 'make lab-down'."
 
 test: setup lint pytest molecule
