@@ -146,28 +146,24 @@ CASES = [
         ("preflight", "--cluster-name", "gpu"),
         HOW_TO_CREDENTIALS,
         codes=(1, 2),
-        known_gap="says 'Unable to locate credentials' but not how to provide them (AWS_PROFILE or keys)",
     ),
     Case(
         "no-credentials-prune",
         ("prune", "--dry-run"),
         HOW_TO_CREDENTIALS,
         codes=(1, 2),
-        known_gap="NoCredentialsError escapes as a traceback (gpuforge.ami does not catch botocore errors)",
     ),
     Case(
         "no-credentials-publish",
         ("publish", "--ami", "ami-12345678"),
         HOW_TO_CREDENTIALS,
         codes=(1, 2),
-        known_gap="NoCredentialsError escapes as a traceback (gpuforge.ami does not catch botocore errors)",
     ),
     Case(
         "no-credentials-bake",
         ("bake", "--no-publish"),
         HOW_TO_CREDENTIALS,
         codes=(1, 2),
-        known_gap="NoCredentialsError escapes as a traceback (gpuforge.ami does not catch botocore errors)",
     ),
 ]
 

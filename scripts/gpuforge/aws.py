@@ -23,3 +23,10 @@ def region() -> str:
 def client(service: str, region_name: str | None = None) -> Any:
     """A boto3 client with adaptive retries (API throttling is retried, not fatal)."""
     return boto3.session.Session().client(service, region_name=region_name or region(), config=RETRY_CONFIG)
+
+
+CREDENTIALS_HINT = (
+    "provide AWS credentials: set AWS_PROFILE (after `aws configure` or `aws sso login`), or "
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run on an instance with an IAM role; "
+    'for the local lab: eval "$(gpuforge lab env)"'
+)

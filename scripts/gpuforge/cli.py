@@ -8,7 +8,10 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
 from gpuforge import __version__
+from gpuforge.aws import CREDENTIALS_HINT
 from gpuforge.errors import ExternalError, UserError
 
 # Feature modules, each exposing register(subparsers). Add a module here to add its commands.
@@ -47,8 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except (UserError, ExternalError) as exc:
-        print(f"gpuforge: error: {exc}", file=sys.stderr)
+        message = str(exc)
+        if isinstance(exc.__cause__, NoCredentialsError | PartialCredentialsError):
+            message += f"; {CREDENTIALS_HINT}"
+        print(f"gpuforge: error: {message}", file=sys.stderr)
         return exc.exit_code
+    except (NoCredentialsError, PartialCredentialsError) as exc:
+        # Missing credentials are the user's to fix, wherever the first AWS call happens.
+        print(f"gpuforge: error: {exc}; {CREDENTIALS_HINT}", file=sys.stderr)
+        return UserError.exit_code
     except KeyboardInterrupt:
         print("gpuforge: interrupted", file=sys.stderr)
         return 130

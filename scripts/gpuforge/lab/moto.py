@@ -21,6 +21,8 @@ TEST_ENV = {
     "AWS_SESSION_TOKEN": "testing",
     "AWS_REGION": "us-east-1",
     "AWS_DEFAULT_REGION": "us-east-1",
+    # The lab is not EC2: botocore must never ask 169.254.169.254 for anything.
+    "AWS_EC2_METADATA_DISABLED": "true",
 }
 
 
