@@ -184,31 +184,38 @@ def _start_artifacts(lab: LabState) -> int:
         build += ["--wheel", str(wheel)]
     system.run(build)
     state_file = lab.directory / "artifacts-server.json"
-    log_path = lab.directory / "logs" / "artifacts.log"
+    proc = _spawn(
+        lab,
+        "artifacts",
+        "gpuforge.artifacts.server",
+        "--root",
+        str(lab.artifacts_dir),
+        "--lab",
+        lab.name,
+        "--state-file",
+        str(state_file),
+    )
+    deadline = time.monotonic() + 30
+    while not state_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log_tail = (lab.directory / "logs" / "artifacts.log").read_text(errors="replace")[-400:]
+            raise ExternalError(f"the lab artifact server did not start: {log_tail.strip() or 'no output'}")
+        time.sleep(0.1)
+    return proc.pid
+
+
+def _spawn(lab: LabState, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
+    """Start one of the lab's Python services detached, logging to logs/<name>.log."""
+    log_path = lab.directory / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuforge.artifacts.server",
-                "--root",
-                str(lab.artifacts_dir),
-                "--lab",
-                lab.name,
-                "--state-file",
-                str(state_file),
-            ],
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    deadline = time.monotonic() + 30
-    while not state_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise ExternalError(f"the lab artifact server did not start; see {log_path}")
-        time.sleep(0.1)
-    return proc.pid
 
 
 @contextlib.contextmanager
@@ -226,27 +233,18 @@ def _env(values: dict[str, str]) -> Iterator[None]:
 
 
 def _start_proxy(lab: LabState) -> int:
-    log_path = lab.directory / "logs" / "proxy.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     cache = state.cache_root() / "packages"
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuforge.lab.aptproxy",
-                "--listen",
-                lab.gateway,
-                "--port",
-                str(lab.proxy_port),
-                "--cache",
-                str(cache),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = _spawn(
+        lab,
+        "proxy",
+        "gpuforge.lab.aptproxy",
+        "--listen",
+        lab.gateway,
+        "--port",
+        str(lab.proxy_port),
+        "--cache",
+        str(cache),
+    )
     return proc.pid
 
 
