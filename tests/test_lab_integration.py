@@ -162,3 +162,29 @@ def test_down_leaves_nothing_behind(lab: dict[str, object]) -> None:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split()[2] == "Z", f"pid {pid} still running"
     assert gpuforge("lab", "status", "--name", LAB).returncode == 2
+
+
+def test_down_also_ends_a_host_whose_nspawn_was_killed() -> None:
+    """SIGKILL to systemd-nspawn orphans the container; `lab down` must still end it."""
+    name = "itest3"
+    gpuforge("lab", "down", "--name", name)
+    up = gpuforge("lab", "up", "--name", name, "--nodes", "1", "--no-ec2", "--json")
+    assert up.returncode == 0, up.stderr
+    node = json.loads(up.stdout)["hosts"][0]
+    netns_inode = Path(f"/run/netns/{node['netns']}").stat().st_ino
+    os.kill(node["pid"], 9)
+
+    def inside() -> list[str]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and (proc / "ns" / "net").stat().st_ino == netns_inode:
+                    found.append(proc.name)
+            except OSError:
+                pass
+        return found
+
+    assert inside(), "expected the container to outlive its nspawn"
+    down = gpuforge("lab", "down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    assert inside() == []

@@ -187,6 +187,10 @@ def wait_ssh(lab: LabState, host: HostState, timeout: float = 240.0) -> None:
 def stop(lab: LabState, host: HostState) -> None:
     system.stop_process(host.pid, host.netns)
     merged = _merged(lab, host)
+    # If systemd-nspawn itself was killed, the container lives on without it: end whatever
+    # still runs in this host's network namespace.
+    if host.netns:
+        system.kill_in_netns(host.netns)
     if system.is_mounted(merged):
         result = system.run(["umount", str(merged)], check=False)
         if result.returncode != 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -103,3 +104,30 @@ def raise_kernel_limits() -> None:
                 path.write_text(f"{minimum}\n")
         except OSError as exc:
             log.warning("cannot raise %s to %d (%s); many lab hosts may fail to boot", key, minimum, exc)
+
+
+def kill_in_netns(netns: str) -> int:
+    """SIGKILL every process in the named network namespace; return how many there were.
+
+    Each lab host is alone in its namespace, so this ends exactly that host's processes (its
+    root shows as "/" from here, so the namespace is what identifies them).
+    """
+    try:
+        target = Path(f"/run/netns/{netns}").stat().st_ino
+    except OSError:
+        return 0
+    victims = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "ns" / "net").stat().st_ino == target:
+                victims.append(int(proc.name))
+        except OSError:
+            continue
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if victims:
+        log.warning("killed %d orphaned process(es) in network namespace %s", len(victims), netns)
+    return len(victims)
