@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuforge import versions
 from gpuforge.ami import manifest as packer_manifest
+from gpuforge.lab.moto import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "bake"
@@ -37,8 +39,9 @@ pytestmark = [
 ]
 
 
-def gpuforge(*args: str) -> subprocess.CompletedProcess[str]:
+def gpuforge(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "SSH_AUTH_SOCK"}
+    env.update(extra_env or {})
     return subprocess.run(
         [sys.executable, "-m", "gpuforge.cli", *args],
         capture_output=True,
@@ -53,9 +56,12 @@ def gpuforge(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def lab() -> Iterator[dict[str, Any]]:
     gpuforge("lab", "down", "--name", LAB)
-    up = gpuforge("lab", "up", "--name", LAB, "--nodes", "1", "--no-ec2", "--json")
+    # With the emulated EC2, the lab also serves its vendor-download fixtures (EFA, PyTorch).
+    up = gpuforge("lab", "up", "--name", LAB, "--nodes", "1", "--moto-port", str(free_port()), "--json")
     assert up.returncode == 0, up.stderr
     info: dict[str, Any] = json.loads(up.stdout)
+    exports = gpuforge("lab", "env", "--name", LAB).stdout.splitlines()
+    info["env"] = dict(line.removeprefix("export ").replace("'", "").split("=", 1) for line in exports)
     try:
         yield info
     finally:
@@ -74,8 +80,43 @@ def _container_root(nspawn_pid: int) -> Path:
     return Path(f"/proc/{inits[0]}/root")
 
 
+def _lab_vars(lab: dict[str, Any], tmp_path: Path) -> Path:
+    """The lab's stand-ins for vendor downloads as one extra-vars file for the bake.
+
+    Packer's ansible provisioner builds its own inventory, so the lab's group_vars do not apply;
+    the same variables (TEST FIXTURES: NVIDIA apt repositories, the signed EFA installer, the CPU
+    wheel of PyTorch) are handed over as extra vars instead.
+    """
+    merged: dict[str, Any] = {}
+    for source in ("molecule/nvidia/vars/fixtures.yml", "inventory/group_vars/gpuforge_lab.yml"):
+        merged.update(yaml.safe_load((REPO / source).read_text()))
+    path = tmp_path / "lab-vars.yml"
+    path.write_text(yaml.safe_dump(merged))
+    return path
+
+
 def test_local_bake_provisions_and_sanitizes_the_lab_host(lab: dict[str, Any], tmp_path: Path) -> None:
-    result = gpuforge("bake", "--local", "--lab", LAB, "--work-dir", str(tmp_path))
+    prepare = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "molecule/nvidia/prepare.yml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, **lab["env"]},
+        timeout=900,
+    )
+    assert prepare.returncode == 0, prepare.stdout[-3000:]
+    result = gpuforge(
+        "bake",
+        "--local",
+        "--lab",
+        LAB,
+        "--work-dir",
+        str(tmp_path),
+        "--extra-vars",
+        str(_lab_vars(lab, tmp_path)),
+        extra_env={"GPUFORGE_LAB_ARTIFACTS": lab["env"]["GPUFORGE_LAB_ARTIFACTS"]},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     run_dir = Path(result.stdout.strip().splitlines()[-1])
     # Progress was streamed while packer ran, from both provisioners.
