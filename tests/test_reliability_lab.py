@@ -256,13 +256,6 @@ def test_interrupted_package_install_is_recovered_by_a_rerun(
     play = tmp_path / "efa_packages.yml"
     play.write_text(EFA_PACKAGES_PLAY)
     result = playbook(env, str(play), "--limit", names[host["ip"]])
-    if result.returncode != 0 and "dpkg was interrupted" in result.stdout:
-        # A known gap, reported to the role owner; any other failure still fails this test.
-        pytest.xfail(
-            "the efa role's apt task does not recover an interrupted dpkg (apt-get: 'dpkg was "
-            "interrupted, you must manually run dpkg --configure -a'); the role should run "
-            "`dpkg --configure -a` when `dpkg --audit` reports unfinished packages"
-        )
     assert result.returncode == 0, result.stdout[-3000:]
     assert set(_package_states(lab, host["name"]).values()) == {"ii"}
     audit = sudo(lab, host["name"], "dpkg --audit")
