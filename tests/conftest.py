@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuforge.lab import core as lab_core
 from gpuforge.lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,9 +57,7 @@ def fleet_lab() -> Iterator[dict[str, str]]:
     _gpuforge("lab", "down", "--name", FLEET_LAB)
     up = _gpuforge("lab", "up", "--name", FLEET_LAB, "--nodes", "2", "--moto-port", str(free_port()))
     assert up.returncode == 0, up.stderr
-    exports = _gpuforge("lab", "env", "--name", FLEET_LAB).stdout
-    pairs = (line.removeprefix("export ").split("=", 1) for line in exports.splitlines())
-    yield {key: value.strip("'") for key, value in pairs}
+    yield lab_core.env_exports(FLEET_LAB)
     _gpuforge("lab", "down", "--name", FLEET_LAB)
 
 

@@ -21,6 +21,7 @@ import yaml
 
 from gpuforge import versions
 from gpuforge.ami import manifest as packer_manifest
+from gpuforge.lab import core as lab_core
 from gpuforge.lab.moto import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,8 +61,7 @@ def lab() -> Iterator[dict[str, Any]]:
     up = gpuforge("lab", "up", "--name", LAB, "--nodes", "1", "--moto-port", str(free_port()), "--json")
     assert up.returncode == 0, up.stderr
     info: dict[str, Any] = json.loads(up.stdout)
-    exports = gpuforge("lab", "env", "--name", LAB).stdout.splitlines()
-    info["env"] = dict(line.removeprefix("export ").replace("'", "").split("=", 1) for line in exports)
+    info["env"] = lab_core.env_exports(LAB)
     try:
         yield info
     finally:
