@@ -15,8 +15,8 @@ DEMO_MOTO_PORT ?= 5100
 
 # What the control host needs: the lab (debootstrap, systemd-nspawn, iproute2, ssh), Packer
 # for `packer validate` and the local bake, promtool for the alert-rule tests, gpg for the
-# signed-download tests, git for ansible-pull.
-APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg curl packer prometheus
+# signed-download tests, gcc for the stand-in plugin in the EFA fixture, git for ansible-pull.
+APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg curl gcc packer prometheus
 
 PY_SOURCES := scripts tests molecule
 

@@ -76,3 +76,16 @@ def test_versions_hash_changes_with_any_pin(tmp_path: Path) -> None:
 def test_role_and_cli_validate_pins_with_the_same_pattern() -> None:
     task = (REPO / "roles/gpuforge_common/tasks/load_data.yml").read_text()
     assert f"is match('{versions.VERSION_PATTERN}')" in task
+
+
+def test_aws_ofi_nccl_pin_is_the_release_the_pinned_efa_installer_bundles() -> None:
+    """A bake on the DLAMI then uses the installer's plugin; building is only the fallback."""
+    pins = versions.load().components
+    assert pins["aws_ofi_nccl"]["version"] == pins["efa_installer"]["bundled_aws_ofi_nccl"]
+
+
+@pytest.mark.parametrize("component", ["efa_installer", "aws_ofi_nccl"])
+def test_downloaded_components_pin_a_sha256(component: str) -> None:
+    """Every tarball a role downloads and runs has its sha256 in versions.yml (no unverified fallback)."""
+    sha = versions.load().components[component].get("sha256", "")
+    assert len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)

@@ -116,13 +116,24 @@ def test_nccl_library_reports_the_pinned_version(host):
     assert host.check_output(f'python3 -c "{script}"').strip() == PINS.version("nccl")
 
 
-def test_aws_ofi_nccl_skip_is_recorded_with_its_reason(host):
-    """Without CUDA or a real bundled plugin the build is skipped, recorded, and kept off the linker path."""
+def test_aws_ofi_nccl_uses_the_bundled_plugin(host):
+    """The installer's (stand-in) plugin is the pinned release, so it is registered, not rebuilt."""
+    pin = PINS.version("aws_ofi_nccl")
+    lib_dir = f"/opt/amazon/ofi-nccl/lib/{host.system_info.arch}-linux-gnu"
     record = json.loads(host.file("/etc/gpuforge/aws_ofi_nccl.json").content_string)
-    assert record["version"] == PINS.version("aws_ofi_nccl")
-    assert record["source"] == "skipped"
-    assert "no CUDA toolkit" in record["reason"]
-    assert not host.file("/etc/ld.so.conf.d/gpuforge-aws-ofi-nccl.conf").exists
+    assert record == {
+        "version": pin,
+        "source": "bundled",
+        "lib_dir": lib_dir,
+        "bundled_version": pin,
+        "reason": None,
+    }
+    conf = host.file("/etc/ld.so.conf.d/gpuforge-aws-ofi-nccl.conf")
+    assert conf.mode == 0o644 and conf.user == "root"
+    assert lib_dir in conf.content_string.splitlines()
+    cache = host.check_output("/sbin/ldconfig -p")
+    assert f"=> {lib_dir}/libnccl-net.so" in cache
+    assert not host.file("/opt/aws-ofi-nccl").exists
 
 
 def test_torch_imports_and_says_it_has_no_nccl(host):

@@ -3,9 +3,10 @@
     python -m gpuforge.artifacts.fixtures build --out DIR [--efa-version V] [--wheel PATH ...]
 
 The tarball wraps tests/fixtures/artifacts/efa/aws-efa-installer/ (a stand-in installer that
-only records what it was asked to do) under the real download's name, and is signed with a
-throwaway GnuPG key generated here, in a temporary home that is deleted afterwards. No real key
-or secret is involved. The layout mirrors https://efa-installer.amazonaws.com:
+records what it was asked to do and puts a stand-in aws-ofi-nccl library, compiled here from
+ofi-nccl-standin.c, where the real one bundles its plugin) under the real download's name, and
+is signed with a throwaway GnuPG key generated here, in a temporary home that is deleted
+afterwards. No real key or secret is involved. The layout mirrors https://efa-installer.amazonaws.com:
 
     efa/aws-efa-installer-V.tar.gz, .sig, aws-efa-installer.key    good fixture
     efa-badsig/ ...                                                  signature over other bytes
@@ -40,10 +41,15 @@ def fixture_source() -> Path:
     return paths.repo_root() / "tests" / "fixtures" / "artifacts" / "efa" / "aws-efa-installer"
 
 
+def plugin_source() -> Path:
+    return paths.repo_root() / "tests" / "fixtures" / "artifacts" / "efa" / "ofi-nccl-standin.c"
+
+
 @dataclass
 class Fixtures:
     root: str
     efa_version: str
+    bundled_aws_ofi_nccl: str
     efa_tarball: str
     efa_sha256: str
     efa_key_fingerprint: str
@@ -106,24 +112,67 @@ class _ThrowawayGpg:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
-def _installer_tarball(dest: Path, version: str) -> None:
+def standin_plugin(version: str, workdir: Path) -> bytes:
+    """Compile the stand-in plugin library (an ELF shared object ldconfig accepts) for `version`."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise ExternalError("building the EFA installer fixture needs a C compiler (apt-get install gcc)")
+    out = workdir / "libnccl-net.so"
+    result = subprocess.run(
+        [
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wl,-soname,libnccl-net.so",
+            f'-DOFI_NCCL_VERSION="{version}"',
+            "-o",
+            str(out),
+            str(plugin_source()),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ExternalError(f"compiling the stand-in aws-ofi-nccl plugin failed: {result.stderr.strip()}")
+    return out.read_bytes()
+
+
+def _installer_tarball(dest: Path, version: str, plugin: bytes) -> None:
     """The stand-in installer under the real tarball's top-level directory, with fixed metadata."""
-    source = fixture_source()
+    members = [
+        (
+            path.name,
+            path.read_bytes().replace(b"@EFA_VERSION@", version.encode()),
+            path.stat().st_mode & 0o777,
+        )
+        for path in sorted(fixture_source().iterdir())
+    ]
+    members.append(("libnccl-net.so", plugin, 0o755))
     with tarfile.open(dest, "w:gz") as tar:
-        for path in sorted(source.iterdir()):
-            data = path.read_bytes().replace(b"@EFA_VERSION@", version.encode())
-            info = tarfile.TarInfo(f"aws-efa-installer/{path.name}")
-            info.size, info.mode, info.mtime = len(data), path.stat().st_mode & 0o777, 0
+        for name, data, mode in members:
+            info = tarfile.TarInfo(f"aws-efa-installer/{name}")
+            info.size, info.mode, info.mtime = len(data), mode, 0
             tar.addfile(info, io.BytesIO(data))
 
 
-def build(out: Path, efa_version: str, wheels: Sequence[Path] = ()) -> Fixtures:
+def build(
+    out: Path, efa_version: str, wheels: Sequence[Path] = (), bundled_aws_ofi_nccl: str | None = None
+) -> Fixtures:
+    """Write the fixtures under `out`; the stand-in installer bundles a stand-in plugin at
+    `bundled_aws_ofi_nccl` (default: what versions.yml says the pinned installer bundles)."""
     out.mkdir(parents=True, exist_ok=True)
+    ofi_version = bundled_aws_ofi_nccl or str(
+        versions.load().components["efa_installer"]["bundled_aws_ofi_nccl"]
+    )
     name = f"aws-efa-installer-{efa_version}.tar.gz"
     good, badsig, wrongkey = out / "efa", out / "efa-badsig", out / "efa-wrongkey"
     for directory in (good, badsig, wrongkey):
         directory.mkdir(exist_ok=True)
-    _installer_tarball(good / name, efa_version)
+    with tempfile.TemporaryDirectory(prefix="gpuforge-fixture-") as work:
+        plugin = standin_plugin(ofi_version, Path(work))
+    _installer_tarball(good / name, efa_version, plugin)
     for directory in (badsig, wrongkey):
         shutil.copyfile(good / name, directory / name)
 
@@ -143,6 +192,7 @@ def build(out: Path, efa_version: str, wheels: Sequence[Path] = ()) -> Fixtures:
         fixtures = Fixtures(
             root=str(out.resolve()),
             efa_version=efa_version,
+            bundled_aws_ofi_nccl=ofi_version,
             efa_tarball=name,
             efa_sha256=sha256_file(good / name),
             efa_key_fingerprint=signer.fingerprint,

@@ -1,0 +1,184 @@
+"""Where the aws_ofi_nccl role takes the plugin from, for each state of a node.
+
+One play on the control host runs the role's probe against a prepared directory per case: the
+EFA installer's bundle in either layout (before and from installer 1.44), a bundle of another
+release, CUDA headers present or not. The bundled library is the compiled TEST FIXTURE stand-in
+(gpuforge.artifacts.fixtures), read by the same version probe production uses. Check mode, the
+manifest off and IMDS off: nothing on the control host changes and no request leaves loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge import versions
+from gpuforge.artifacts import fixtures
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PIN = versions.load().version("aws_ofi_nccl")
+ARCH_LIB = f"lib/{platform.machine()}-linux-gnu"
+
+pytestmark = pytest.mark.slow
+
+# case -> (bundled library relative to the prefix, its version, CUDA headers?, aws_ofi_nccl_source)
+CASES: dict[str, tuple[str | None, str | None, bool, str]] = {
+    "bundle-pre-1.44-layout": (f"{ARCH_LIB}/libnccl-net.so", PIN, False, "auto"),
+    "bundle-1.44-layout": ("lib/libnccl-net-ofi.so", PIN, False, "auto"),
+    "bundle-wins-over-cuda": (f"{ARCH_LIB}/libnccl-net.so", PIN, True, "auto"),
+    "other-bundle-with-cuda": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", True, "auto"),
+    "other-bundle-no-cuda": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", False, "auto"),
+    "no-bundle-no-cuda": (None, None, False, "auto"),
+    "forced-build-with-bundle": (f"{ARCH_LIB}/libnccl-net.so", PIN, True, "build"),
+    "required-bundle-mismatch": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", True, "bundled"),
+    "forced-build-no-cuda": (None, None, False, "build"),
+}
+
+# case -> (plan, bundled version seen, library directory relative to the prefix) or a failure
+EXPECTED: dict[str, tuple[str, str, str] | str] = {
+    "bundle-pre-1.44-layout": ("bundled", PIN, ARCH_LIB),
+    "bundle-1.44-layout": ("bundled", PIN, "lib"),
+    "bundle-wins-over-cuda": ("bundled", PIN, ARCH_LIB),
+    "other-bundle-with-cuda": ("build", "1.9.1", ARCH_LIB),
+    "other-bundle-no-cuda": ("skip", "1.9.1", ARCH_LIB),
+    "no-bundle-no-cuda": ("skip", "", ""),
+    "forced-build-with-bundle": ("build", PIN, ARCH_LIB),
+    "required-bundle-mismatch": f"holds aws-ofi-nccl 1.9.1, not the pinned {PIN}",
+    "forced-build-no-cuda": "aws_ofi_nccl_source is 'build' but there is no CUDA toolkit",
+}
+
+
+def _prepare(root: Path, case: str, plugins: dict[str, bytes]) -> dict[str, str]:
+    lib, version, cuda, _ = CASES[case]
+    prefix, cuda_home = root / case / "ofi-nccl", root / case / "cuda"
+    prefix.mkdir(parents=True)
+    if lib is not None and version is not None:
+        (prefix / lib).parent.mkdir(parents=True, exist_ok=True)
+        (prefix / lib).write_bytes(plugins[version])
+    if cuda:
+        (cuda_home / "include").mkdir(parents=True)
+        (cuda_home / "include" / "cuda.h").write_text("/* TEST FIXTURE: only its existence is probed */\n")
+    return {"prefix": str(prefix), "cuda_home": str(cuda_home)}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("needs a C compiler for the stand-in plugin")
+    root = tmp_path_factory.mktemp("ofi-plan")
+    work = tmp_path_factory.mktemp("ofi-plugin")
+    plugins = {v: fixtures.standin_plugin(v, work) for v in {PIN, "1.9.1"}}
+    tasks: list[dict[str, Any]] = []
+    for case, (_, _, _, source) in CASES.items():
+        dirs = _prepare(root, case, plugins)
+        tasks.append(
+            {
+                "name": f"Case {case}",
+                "block": [
+                    {
+                        "ansible.builtin.include_role": {"name": "aws_ofi_nccl", "tasks_from": "probe.yml"},
+                        "vars": {
+                            "aws_ofi_nccl_bundled_prefix": dirs["prefix"],
+                            "aws_ofi_nccl_cuda_home": dirs["cuda_home"],
+                            "aws_ofi_nccl_prefix": str(root / case / "built"),
+                            "aws_ofi_nccl_source": source,
+                        },
+                    },
+                    {
+                        "ansible.builtin.set_fact": {
+                            "_results": "{{ _results | combine({_case: _outcome}) }}",
+                        },
+                        "vars": {
+                            "_case": case,
+                            "_outcome": {
+                                "plan": "{{ _aws_ofi_nccl_plan | trim }}",
+                                "bundled_version": "{{ _aws_ofi_nccl_bundled_version }}",
+                                "lib_dir": "{{ _aws_ofi_nccl_bundled_lib_dir | trim }}",
+                            },
+                        },
+                    },
+                ],
+                "rescue": [
+                    {
+                        "ansible.builtin.set_fact": {
+                            "_results": "{{ _results | combine({_case: _failure}) }}"
+                        },
+                        "vars": {
+                            "_case": case,
+                            "_failure": "{{ ansible_failed_result.msg | default('none') }}",
+                        },
+                    }
+                ],
+            }
+        )
+    tasks.append(
+        {
+            "name": "Write the collected outcomes",
+            "ansible.builtin.copy": {
+                "content": "{{ _results | to_json }}",
+                "dest": str(root / "out.json"),
+                "mode": "0600",
+            },
+            "check_mode": False,
+        }
+    )
+    play = [
+        {
+            "hosts": "localhost",
+            "connection": "local",
+            "gather_facts": True,
+            "vars": {
+                "_results": {},
+                "gpuforge_instance_type": "p5.48xlarge",
+                "gpuforge_common_imds_enabled": False,
+                "gpuforge_common_manifest_enabled": False,
+                "ansible_python_interpreter": sys.executable,
+            },
+            "tasks": tasks,
+        }
+    ]
+    (root / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), "--check", "-i", "localhost,", str(root / "play.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        timeout=600,
+        env={
+            "PATH": f"{BIN}:/usr/bin:/bin",
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "HOME": str(root),
+        },
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    collected: dict[str, Any] = json.loads((root / "out.json").read_text())
+    return {"results": collected, "root": root}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_plugin_source_decision(outcomes: dict[str, Any], case: str) -> None:
+    """Bundled when the bundle is the pin (either layout), else build with CUDA, else a recorded skip."""
+    got = outcomes["results"][case]
+    expected = EXPECTED[case]
+    if isinstance(expected, str):
+        assert isinstance(got, str), f"{case} did not fail: {got}"
+        assert expected in got
+        return
+    plan, bundled_version, lib_dir = expected
+    prefix = outcomes["root"] / case / "ofi-nccl"
+    assert got == {
+        "plan": plan,
+        "bundled_version": bundled_version,
+        "lib_dir": str(prefix / lib_dir) if lib_dir else "",
+    }
