@@ -9,22 +9,17 @@ manifest off and IMDS off: nothing on the control host changes and no request le
 
 from __future__ import annotations
 
-import json
 import platform
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuforge import versions
 from gpuforge.artifacts import fixtures
+from localplay import record, run_cases
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 PIN = versions.load().version("aws_ofi_nccl")
 ARCH_LIB = f"lib/{platform.machine()}-linux-gnu"
 
@@ -77,92 +72,34 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("ofi-plan")
     work = tmp_path_factory.mktemp("ofi-plugin")
     plugins = {v: fixtures.standin_plugin(v, work) for v in {PIN, "1.9.1"}}
-    tasks: list[dict[str, Any]] = []
+    cases: dict[str, list[dict[str, Any]]] = {}
     for case, (_, _, _, source) in CASES.items():
         dirs = _prepare(root, case, plugins)
-        tasks.append(
+        cases[case] = [
             {
-                "name": f"Case {case}",
-                "block": [
-                    {
-                        "ansible.builtin.include_role": {"name": "aws_ofi_nccl", "tasks_from": "probe.yml"},
-                        "vars": {
-                            "aws_ofi_nccl_bundled_prefix": dirs["prefix"],
-                            "aws_ofi_nccl_cuda_home": dirs["cuda_home"],
-                            "aws_ofi_nccl_prefix": str(root / case / "built"),
-                            "aws_ofi_nccl_source": source,
-                        },
-                    },
-                    {
-                        "ansible.builtin.set_fact": {
-                            "_results": "{{ _results | combine({_case: _outcome}) }}",
-                        },
-                        "vars": {
-                            "_case": case,
-                            "_outcome": {
-                                "plan": "{{ _aws_ofi_nccl_plan | trim }}",
-                                "bundled_version": "{{ _aws_ofi_nccl_bundled_version }}",
-                                "lib_dir": "{{ _aws_ofi_nccl_bundled_lib_dir | trim }}",
-                            },
-                        },
-                    },
-                ],
-                "rescue": [
-                    {
-                        "ansible.builtin.set_fact": {
-                            "_results": "{{ _results | combine({_case: _failure}) }}"
-                        },
-                        "vars": {
-                            "_case": case,
-                            "_failure": "{{ ansible_failed_result.msg | default('none') }}",
-                        },
-                    }
-                ],
-            }
-        )
-    tasks.append(
-        {
-            "name": "Write the collected outcomes",
-            "ansible.builtin.copy": {
-                "content": "{{ _results | to_json }}",
-                "dest": str(root / "out.json"),
-                "mode": "0600",
+                "ansible.builtin.include_role": {"name": "aws_ofi_nccl", "tasks_from": "probe.yml"},
+                "vars": {
+                    "aws_ofi_nccl_bundled_prefix": dirs["prefix"],
+                    "aws_ofi_nccl_cuda_home": dirs["cuda_home"],
+                    "aws_ofi_nccl_prefix": str(root / case / "built"),
+                    "aws_ofi_nccl_source": source,
+                },
             },
-            "check_mode": False,
-        }
-    )
-    play = [
-        {
-            "hosts": "localhost",
-            "connection": "local",
-            "gather_facts": True,
-            "vars": {
-                "_results": {},
-                "gpuforge_instance_type": "p5.48xlarge",
-                "gpuforge_common_imds_enabled": False,
-                "gpuforge_common_manifest_enabled": False,
-                "ansible_python_interpreter": sys.executable,
-            },
-            "tasks": tasks,
-        }
-    ]
-    (root / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "--check", "-i", "localhost,", str(root / "play.yml")],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=600,
-        env={
-            "PATH": f"{BIN}:/usr/bin:/bin",
-            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "HOME": str(root),
-        },
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    collected: dict[str, Any] = json.loads((root / "out.json").read_text())
+            record(
+                case,
+                {
+                    "plan": "{{ _aws_ofi_nccl_plan | trim }}",
+                    "bundled_version": "{{ _aws_ofi_nccl_bundled_version }}",
+                    "lib_dir": "{{ _aws_ofi_nccl_bundled_lib_dir | trim }}",
+                },
+            ),
+        ]
+    play_vars = {
+        "gpuforge_instance_type": "p5.48xlarge",
+        "gpuforge_common_imds_enabled": False,
+        "gpuforge_common_manifest_enabled": False,
+    }
+    collected = run_cases(tmp_path_factory.mktemp("ofi-play"), cases, play_vars)
     return {"results": collected, "root": root}
 
 

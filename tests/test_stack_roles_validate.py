@@ -7,17 +7,11 @@ nothing on the control host changes; IMDS is disabled so no request leaves loopb
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from localplay import run_cases
 
 pytestmark = pytest.mark.slow
 
@@ -63,69 +57,12 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
 
 @pytest.fixture(scope="module")
 def messages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    out = tmp_path_factory.mktemp("validate")
-    tasks = []
-    for case, (role, variables, _) in CASES.items():
-        tasks.append(
-            {
-                "name": f"Case {case}",
-                "block": [{"ansible.builtin.include_role": {"name": role}, "vars": variables}],
-                "rescue": [
-                    {
-                        "ansible.builtin.set_fact": {
-                            "_results": "{{ _results | combine({_case: _failure}) }}"
-                        },
-                        "vars": {
-                            "_case": case,
-                            "_failure": "{{ ansible_failed_result.msg | default('none') }}",
-                        },
-                    }
-                ],
-            }
-        )
-    tasks.append(
-        {
-            "name": "Write the collected messages",
-            "ansible.builtin.copy": {
-                "content": "{{ _results | to_json }}",
-                "dest": str(out / "messages.json"),
-                "mode": "0600",
-            },
-            "check_mode": False,
-        }
-    )
-    play = [
-        {
-            "hosts": "localhost",
-            "connection": "local",
-            "gather_facts": True,
-            "vars": {
-                "_results": {},
-                "gpuforge_instance_type": "p5.48xlarge",
-                "gpuforge_common_imds_enabled": False,
-                "ansible_python_interpreter": sys.executable,
-            },
-            "tasks": tasks,
-        }
-    ]
-    (out / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "--check", "-i", "localhost,", str(out / "play.yml")],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=600,
-        env={
-            "PATH": f"{BIN}:/usr/bin:/bin",
-            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "HOME": str(out),
-        },
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    collected: dict[str, str] = json.loads((out / "messages.json").read_text())
-    return collected
+    cases = {
+        case: [{"ansible.builtin.include_role": {"name": role}, "vars": variables}]
+        for case, (role, variables, _) in CASES.items()
+    }
+    play_vars = {"gpuforge_instance_type": "p5.48xlarge", "gpuforge_common_imds_enabled": False}
+    return run_cases(tmp_path_factory.mktemp("validate"), cases, play_vars)
 
 
 @pytest.mark.parametrize("case", list(CASES))
