@@ -5,6 +5,7 @@ AWS here is moto_server (a test double); the proxy's upstream is a loopback HTTP
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -18,7 +19,7 @@ import pytest
 
 from gpuforge import cli
 from gpuforge.errors import UserError
-from gpuforge.lab import aptproxy, core, ec2, state
+from gpuforge.lab import aptproxy, core, ec2, state, system
 from gpuforge.lab.moto import MotoServer, free_port, port_in_use
 from gpuforge.lab.state import LabState
 
@@ -236,3 +237,26 @@ def test_register_tags_hosts_like_parallelcluster(aws: MotoServer) -> None:
 
 def test_free_port_is_free() -> None:
     assert not port_in_use(free_port())
+
+
+def test_a_process_inside_execve_counts_as_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after Popen returns, /proc/PID/cmdline can read empty for a moment (the child is still
+    inside execve: seen with systemd-nspawn); that process is starting, not gone."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    real = Path.read_bytes
+    empty_reads = {"left": 3}
+
+    def read_bytes(path: Path) -> bytes:
+        if path == Path(f"/proc/{proc.pid}/cmdline") and empty_reads["left"]:
+            empty_reads["left"] -= 1
+            return b""
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    try:
+        assert system.pid_alive(proc.pid, "sleep")
+        assert empty_reads["left"] == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not system.pid_alive(proc.pid, "sleep")

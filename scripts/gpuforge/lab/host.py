@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 PROXY_PORT = 3142
 
+# systemd-nspawn processes this process started, by pid: a boot that fails reports their exit status.
+_BOOTED: dict[int, subprocess.Popen[bytes]] = {}
+
 
 def host_dir(lab: LabState, host: HostState) -> Path:
     return lab.directory / "hosts" / host.name
@@ -122,7 +125,6 @@ def boot(lab: LabState, host: HostState, root: Path) -> int:
         proc = subprocess.Popen(
             [
                 "systemd-nspawn",
-                "--quiet",
                 "--boot",
                 f"--directory={root}",
                 f"--machine={host.netns}",
@@ -140,6 +142,7 @@ def boot(lab: LabState, host: HostState, root: Path) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    _BOOTED[proc.pid] = proc
     return proc.pid
 
 
@@ -172,11 +175,15 @@ def wait_ssh(lab: LabState, host: HostState, timeout: float = 240.0) -> None:
     # A boot takes seconds on an idle machine; the generous limit is for a loaded CI runner.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not system.pid_alive(host.pid, host.netns):
+        proc = _BOOTED.get(host.pid or 0)
+        # For a boot of this process, its own handle is the authority; /proc is for the others.
+        exited = proc.poll() is not None if proc is not None else not system.pid_alive(host.pid, host.netns)
+        if exited:
             log_path = lab.directory / "logs" / f"{host.name}.log"
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:] if log_path.exists() else []
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-8:] if log_path.exists() else []
+            status = f" (systemd-nspawn exit status {proc.returncode})" if proc is not None else ""
             raise ExternalError(
-                f"host {host.name} stopped while booting: " + (" | ".join(tail) or "no output")
+                f"host {host.name} stopped while booting{status}: " + (" | ".join(tail) or "no output")
             )
         if ssh_ok(lab, host):
             return

@@ -57,10 +57,17 @@ def pid_alive(pid: int | None, marker: str | None = None) -> bool:
     """True if pid runs and, when marker is given, its command line contains it (guards pid reuse)."""
     if not pid:
         return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
+    # A process caught inside execve (just started: Popen returns once the child released the
+    # parent's memory, before the new image's arguments exist) shows an empty cmdline for a moment.
+    for _ in range(50):
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        if raw:
+            break
+        time.sleep(0.01)
+    cmdline = raw.replace(b"\0", b" ").decode(errors="replace")
     state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
     if state == "Z":
         return False
