@@ -1,6 +1,10 @@
-"""`gpuforge bake --local` end to end: the real packer (Debian's 1.6.6) runs the real provisioners
-(playbooks/bake.yml with the install tag, then packer/scripts/sanitize.sh) over SSH against a real
-lab host (`gpuforge lab up`), with no AWS at all.
+"""`gpuforge bake --local --save-image` end to end, then a host booted from the image.
+
+The real packer (Debian's 1.6.6) runs the real provisioners (playbooks/bake.yml with the install
+tag, then packer/scripts/sanitize.sh) over SSH against a real lab host, with no AWS at all. The
+baked host is kept as a lab image (the lab's AMI). testinfra inspects that image through chroot
+(sanitized, stack installed, modes), and a new lab boots from it: the host must come up with an
+identity of its own and need nothing more from the install phase.
 
 Needs root, systemd-nspawn (the lab) and the packer binary; CI installs them.
 """
@@ -10,77 +14,33 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import testinfra
 import yaml
 
 from gpuforge import versions
 from gpuforge.ami import manifest as packer_manifest
-from gpuforge.lab import core as lab_core
-from gpuforge.lab.moto import free_port
+from gpuforge.lab import images as lab_images
+from labtools import LAB_MARKS, REPO, gpuforge, lab, on, playbook, recap
 
-REPO = Path(__file__).resolve().parents[1]
-LAB = "bake"
+BUILDER_LAB = "bake"
+GOLDEN_LAB = "golden"
+IMAGE = f"pytest-bake-{os.getpid()}"
 
 pytestmark = [
-    pytest.mark.lab,
+    *LAB_MARKS,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
-        reason="the lab needs root and systemd-nspawn (apt-get install systemd-container)",
-    ),
     pytest.mark.skipif(
         shutil.which("packer") is None, reason="packer binary absent (apt-get install packer)"
     ),
 ]
 
 
-def gpuforge(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "SSH_AUTH_SOCK"}
-    env.update(extra_env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "gpuforge.cli", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        env=env,
-        timeout=900,
-    )
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[dict[str, Any]]:
-    gpuforge("lab", "down", "--name", LAB)
-    # With the emulated EC2, the lab also serves its vendor-download fixtures (EFA, PyTorch).
-    up = gpuforge("lab", "up", "--name", LAB, "--nodes", "1", "--moto-port", str(free_port()), "--json")
-    assert up.returncode == 0, up.stderr
-    info: dict[str, Any] = json.loads(up.stdout)
-    info["env"] = lab_core.env_exports(LAB)
-    try:
-        yield info
-    finally:
-        gpuforge("lab", "down", "--name", LAB)
-
-
-def _container_root(nspawn_pid: int) -> Path:
-    """The lab records systemd-nspawn's pid; the host's own systemd is its child."""
-    children = [
-        int(pid)
-        for task in Path(f"/proc/{nspawn_pid}/task").iterdir()
-        for pid in (task / "children").read_text().split()
-    ]
-    inits = [pid for pid in children if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd"]
-    assert len(inits) == 1, f"expected one systemd under systemd-nspawn {nspawn_pid}, found {inits}"
-    return Path(f"/proc/{inits[0]}/root")
-
-
-def _lab_vars(lab: dict[str, Any], tmp_path: Path) -> Path:
+def _lab_vars(env: dict[str, str], tmp_path: Path) -> Path:
     """The lab's stand-ins for vendor downloads as one extra-vars file for the bake.
 
     Packer's ansible provisioner builds its own inventory, so the lab's group_vars do not apply;
@@ -95,49 +55,176 @@ def _lab_vars(lab: dict[str, Any], tmp_path: Path) -> Path:
     return path
 
 
-def test_local_bake_provisions_and_sanitizes_the_lab_host(lab: dict[str, Any], tmp_path: Path) -> None:
-    prepare = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "molecule/nvidia/prepare.yml"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, **lab["env"]},
-        timeout=900,
-    )
+@pytest.fixture(scope="module")
+def builder() -> Iterator[dict[str, Any]]:
+    # With the emulated EC2, the lab also serves its vendor-download fixtures (EFA, PyTorch).
+    with lab(BUILDER_LAB, 1) as info:
+        yield info
+
+
+@pytest.fixture(scope="module")
+def baked(builder: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Prepare the fixtures, remember the builder's identity, bake it and keep it as IMAGE."""
+    tmp = tmp_path_factory.mktemp("bake")
+    host = builder["hosts"][0]["name"]
+    prepare = playbook(builder["env"], "molecule/nvidia/prepare.yml", timeout=900)
     assert prepare.returncode == 0, prepare.stdout[-3000:]
+    identity = on(BUILDER_LAB, host, "cat /etc/machine-id /etc/ssh/ssh_host_ed25519_key.pub").split()
+    lab_vars = _lab_vars(builder["env"], tmp)
     result = gpuforge(
         "bake",
         "--local",
         "--lab",
-        LAB,
+        BUILDER_LAB,
         "--work-dir",
-        str(tmp_path),
+        str(tmp),
         "--extra-vars",
-        str(_lab_vars(lab, tmp_path)),
-        extra_env={"GPUFORGE_LAB_ARTIFACTS": lab["env"]["GPUFORGE_LAB_ARTIFACTS"]},
+        str(lab_vars),
+        "--save-image",
+        IMAGE,
+        env={"GPUFORGE_LAB_ARTIFACTS": builder["env"]["GPUFORGE_LAB_ARTIFACTS"]},
+        without_aws=True,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    run_dir = Path(result.stdout.strip().splitlines()[-1])
+    try:
+        assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+        yield {
+            "result": result,
+            "run_dir": Path(result.stdout.strip().splitlines()[-1]),
+            "machine_id": identity[0],
+            "host_key": identity[2],
+            "lab_vars": lab_vars,
+        }
+    finally:
+        gpuforge("lab", "image", "rm", IMAGE)
+
+
+def test_local_bake_runs_both_provisioners_and_keeps_the_image(
+    builder: dict[str, Any], baked: dict[str, Any]
+) -> None:
+    result = baked["result"]
     # Progress was streamed while packer ran, from both provisioners.
     assert "PLAY RECAP" in result.stderr and "sanitize: cleaned" in result.stderr
-
     digest = versions.load().digest
-    (artifact,) = packer_manifest.last_run(run_dir / "manifest.json")
+    (artifact,) = packer_manifest.last_run(baked["run_dir"] / "manifest.json")
     assert (artifact.name, artifact.builder_type, artifact.images) == ("lab", "null", {})
     assert artifact.custom_data["versions_hash"] == digest
 
-    # Look at the host through its init's root: the playbook ran, then the sanitizer did.
-    root = _container_root(int(lab["hosts"][0]["pid"]))
-    node_manifest = json.loads((root / "etc/gpuforge/manifest.json").read_text())
-    assert node_manifest["versions_hash"] == digest
-    assert not list((root / "etc/ssh").glob("ssh_host_*"))
-    assert not (root / "home" / lab["ssh_user"] / ".ssh/authorized_keys").exists()
-    assert (root / "etc/machine-id").read_text() == ""
+    listed = json.loads(gpuforge("lab", "image", "list", "--json").stdout)
+    (info,) = [i for i in listed if i["name"] == IMAGE]
+    assert (info["source_lab"], info["source_host"]) == (BUILDER_LAB, builder["hosts"][0]["name"])
+    assert info["versions_hash"] == digest and info["sanitized"] is True
+    # The builder is spent, as Packer's is: saving the image stopped it.
+    status = json.loads(gpuforge("lab", "status", "--name", BUILDER_LAB, "--json").stdout)
+    assert status["hosts"][0]["running"] is False
 
-    # The lab's own login key no longer works on the host: it is spent, as an image's builder is.
-    # (`lab status` exits non-zero exactly because a host does not answer SSH.)
-    status = gpuforge("lab", "status", "--name", LAB, "--json")
-    host = json.loads(status.stdout)["hosts"][0]
-    assert host["running"] is True and host["ssh"] is False
-    assert status.returncode != 0
+
+# The image, checked by testinfra through chroot: what sanitize.sh and the bake promise.
+
+
+@pytest.fixture(scope="module")
+def image(baked: dict[str, Any]) -> Any:
+    return testinfra.get_host(str(lab_images.rootfs(IMAGE)), connection="chroot")
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "/etc/ssh/ssh_host_*",
+        "/root/.ssh/authorized_keys*",
+        "/home/*/.ssh/authorized_keys*",
+        "/root/.bash_history",
+        "/home/*/.bash_history",
+        "/var/lib/dbus/machine-id",
+    ],
+)
+def test_image_holds_no_host_identity_or_login_keys(image: Any, pattern: str) -> None:
+    """Nothing that identifies the builder or let anyone log in to it is left."""
+    assert image.run(f"ls -d {pattern}").stdout.strip() == ""
+
+
+def test_image_machine_id_is_empty_so_each_host_makes_its_own(image: Any) -> None:
+    machine_id = image.file("/etc/machine-id")
+    assert machine_id.exists and machine_id.content_string == ""
+
+
+def test_image_holds_no_private_key_material(image: Any) -> None:
+    """No PEM, OpenSSH or PGP private key in the places configuration and keys live."""
+    found = image.run(
+        "grep -rlI --exclude-dir=site-packages -e 'PRIVATE KEY-----' -e 'BEGIN PGP PRIVATE KEY BLOCK' "
+        "/etc /root /home /srv /usr/local /opt /var/lib /var/cache 2>/dev/null || true"
+    ).stdout.split()
+    assert found == []
+
+
+def test_image_records_the_manifest_it_was_built_from(image: Any) -> None:
+    manifest = image.file("/etc/gpuforge/manifest.json")
+    assert (manifest.user, manifest.group, manifest.mode) == ("root", "root", 0o644)
+    assert json.loads(manifest.content_string)["versions_hash"] == versions.load().digest
+
+
+@pytest.mark.parametrize(
+    ("path", "mode"),
+    [
+        ("/etc/sudoers.d/90-gpuforge-lab", 0o440),
+        ("/var/cache/gpuforge/gnupg", 0o700),
+        ("/etc/apt/keyrings/nvidia-cuda.asc", 0o644),
+        ("/etc/sysctl.d/99-gpuforge-efa.conf", 0o644),
+        ("/etc/security/limits.d/99-gpuforge-efa.conf", 0o644),
+    ],
+)
+def test_image_keys_and_configs_have_safe_modes(image: Any, path: str, mode: int) -> None:
+    target = image.file(path)
+    assert target.exists
+    assert (target.user, target.mode) == ("root", mode)
+
+
+def test_image_has_the_pinned_driver_held(image: Any) -> None:
+    pin = versions.load().components["nvidia_driver"]["debian_package_version"]
+    assert image.package("nvidia-smi").version == pin
+    assert "nvidia-smi" in image.run("apt-mark showhold").stdout.split()
+
+
+# A host booted from the image: the golden-image promise.
+
+
+@pytest.fixture(scope="module")
+def golden(baked: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    with lab(GOLDEN_LAB, 1, ec2=False, image=IMAGE) as info:
+        yield info
+
+
+def test_golden_host_boots_with_an_identity_of_its_own(golden: dict[str, Any], baked: dict[str, Any]) -> None:
+    host = golden["hosts"][0]["name"]
+    machine_id, _, host_key, *_ = on(
+        GOLDEN_LAB, host, "cat /etc/machine-id /etc/ssh/ssh_host_ed25519_key.pub"
+    ).split()
+    assert len(machine_id) == 32 and machine_id != baked["machine_id"]
+    assert host_key != baked["host_key"]
+    assert on(GOLDEN_LAB, host, "hostname").strip() == host
+    assert json.loads(on(GOLDEN_LAB, host, "cat /etc/gpuforge/manifest.json"))["versions_hash"] == (
+        versions.load().digest
+    )
+
+
+def test_golden_host_needs_nothing_from_the_install_phase(
+    golden: dict[str, Any], builder: dict[str, Any], baked: dict[str, Any]
+) -> None:
+    """bake.yml's install tag on a host from the image changes nothing: the image has it all."""
+    node = golden["hosts"][0]
+    run = playbook(
+        {
+            **golden["env"],
+            "GPUFORGE_LAB_ARTIFACTS": builder["env"]["GPUFORGE_LAB_ARTIFACTS"],
+            "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(Path(golden["state_file"]).parent / "facts"),
+        },
+        "-i",
+        f"{node['ip']},",
+        "playbooks/bake.yml",
+        "--tags",
+        "install",
+        "-e",
+        f"@{baked['lab_vars']}",
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert recap(run.stdout)[node["ip"]]["changed"] == 0, run.stdout[-4000:]

@@ -69,6 +69,23 @@ CASES = [
         needs_root=True,
     ),
     Case(
+        "lab-unknown-image",
+        ("lab", "up", "--name", "badin", "--no-ec2", "--image", "no-such-image"),
+        r"no lab image 'no-such-image' \(images here: .*\); make one with",
+        needs_root=True,
+    ),
+    Case(
+        "lab-image-bad-name",
+        ("lab", "image", "rm", "Bad/Name"),
+        r"image name 'Bad/Name' is invalid: use",
+        needs_root=True,
+    ),
+    Case(
+        "bake-save-image-without-local",
+        ("bake", "--save-image", "golden"),
+        r"--save-image keeps a lab host as a lab image: use it with --local",
+    ),
+    Case(
         "set-ami-bad-id",
         ("cluster-config", "set-ami", str(SPEC), "--ami", "bogus"),
         r"invalid AMI id 'bogus'",

@@ -77,6 +77,11 @@ def register(sub: Any) -> None:
     p_bake.add_argument("--local", action="store_true", help="bake a lab host over SSH instead of an AMI")
     p_bake.add_argument("--lab", default="bake", help="lab name for --local (see `gpuforge lab up`)")
     p_bake.add_argument("--host", help="lab host name or IP for --local (default: the first)")
+    p_bake.add_argument(
+        "--save-image",
+        metavar="NAME",
+        help="with --local: keep the baked host as lab image NAME (`gpuforge lab up --image NAME`)",
+    )
     p_bake.set_defaults(handler=_bake)
 
     p_rebuild = sub.add_parser(
@@ -157,9 +162,21 @@ def _bake(args: argparse.Namespace) -> int:
             raise UserError(
                 "--local bakes a lab host and registers no image: drop --parameter/--cluster-config"
             )
-        run_dir = bake.bake_local(options, bake.lab_target(args.lab, args.host))
+        from gpuforge.lab import core as lab_core
+        from gpuforge.lab import images as lab_images
+
+        target = bake.lab_target(args.lab, args.host)
+        if args.save_image:
+            lab_images.require_new(args.save_image)
+        run_dir = bake.bake_local(options, target)
+        if args.save_image:
+            # The lab's "register image": the sanitized host becomes the tree new hosts boot from.
+            info = lab_core.save_image(args.lab, target.host, args.save_image)
+            LOG.info("saved lab image %s (%d MiB)", info.name, info.size_bytes // 2**20)
         print(run_dir)
         return 0
+    if args.save_image:
+        raise UserError("--save-image keeps a lab host as a lab image: use it with --local")
     return _bake_and_publish(args, options)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuforge.cliargs import positive_int
 from gpuforge.errors import UserError
-from gpuforge.lab import core, host, state
+from gpuforge.lab import core, host, images, state
 
 DEFAULT_NAME = os.environ.get("GPUFORGE_LAB", "default")
 
@@ -37,6 +37,9 @@ def register(sub: Any) -> None:
     p_up.add_argument(
         "--compute-type", default="p5.48xlarge", help="instance type recorded for compute nodes"
     )
+    p_up.add_argument(
+        "--image", help="boot every host from this lab image (see `lab image list`) instead of plain Debian"
+    )
     p_up.add_argument("--json", action="store_true", help="print the lab state as JSON")
     p_up.set_defaults(handler=_up)
 
@@ -49,6 +52,8 @@ def register(sub: Any) -> None:
 
     p_env = add("env", 'print shell exports for Ansible/boto3 against the lab: eval "$(gpuforge lab env)"')
     p_env.set_defaults(handler=_env)
+
+    _register_images(lab_sub, add)
 
     p_ssh = add("ssh", "open SSH to a lab host, or run a command there")
     p_ssh.add_argument("host", help="host name or IP (see lab status)")
@@ -63,6 +68,7 @@ def _up(args: argparse.Namespace) -> int:
         cluster_name=args.cluster_name,
         compute_type=args.compute_type,
         moto_port=None if args.no_ec2 else args.moto_port,
+        image=args.image,
     )
     lab = core.up(spec)
     if args.json:
@@ -71,6 +77,62 @@ def _up(args: argparse.Namespace) -> int:
         print(f"lab {lab.name!r} is up: {len(lab.hosts)} hosts on {lab.subnet_prefix}.0/24")
         _print_hosts(core.status(lab.name))
         print(f'next: eval "$(gpuforge lab env --name {lab.name})" && ansible all -m ping')
+    return 0
+
+
+def _register_images(lab_sub: Any, add: Any) -> None:
+    image = lab_sub.add_parser(
+        "image", help="lab images: baked hosts kept to boot new hosts from (the lab's AMIs)"
+    )
+    image_sub = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")
+    p_save = image_sub.add_parser("save", help="stop a lab host and keep its whole disk as an image")
+    p_save.add_argument(
+        "--name", default=DEFAULT_NAME, help="lab name (default: %(default)s, or $GPUFORGE_LAB)"
+    )
+    p_save.add_argument("host", help="host name or IP (see lab status)")
+    p_save.add_argument("image", help="image name (lower-case letters, digits, '.', '_', '-')")
+    p_save.add_argument("--json", action="store_true")
+    p_save.set_defaults(handler=_image_save)
+    p_list = image_sub.add_parser("list", help="show the lab images on this machine")
+    p_list.add_argument("--json", action="store_true")
+    p_list.set_defaults(handler=_image_list)
+    p_rm = image_sub.add_parser("rm", help="delete a lab image no running lab boots from")
+    p_rm.add_argument("image")
+    p_rm.set_defaults(handler=_image_rm)
+
+
+def _image_save(args: argparse.Namespace) -> int:
+    info = core.save_image(args.name, args.host, args.image)
+    if args.json:
+        print(json.dumps(info.to_json(), indent=2))
+    else:
+        print(
+            f"image {info.name!r} saved from {info.source_host} ({info.size_bytes / 2**20:.0f} MiB, "
+            f"{'sanitized' if info.sanitized else 'NOT sanitized'}); the host is stopped. "
+            f"Boot hosts from it with `gpuforge lab up --image {info.name}`"
+        )
+    return 0
+
+
+def _image_list(args: argparse.Namespace) -> int:
+    found = images.list_images()
+    if args.json:
+        print(json.dumps([info.to_json() for info in found], indent=2))
+        return 0
+    print(f"{'IMAGE':24} {'CREATED':21} {'SOURCE':36} {'MiB':>6} {'SANITIZED':9} VERSIONS")
+    for info in found:
+        source = f"{info.source_lab}/{info.source_host}"
+        sanitized = "yes" if info.sanitized else "no"
+        print(
+            f"{info.name:24} {info.created:21} {source:36} {info.size_bytes / 2**20:6.0f} "
+            f"{sanitized:9} {info.versions_hash[:12] or '-'}"
+        )
+    return 0
+
+
+def _image_rm(args: argparse.Namespace) -> int:
+    core.remove_image(args.image)
+    print(f"image {args.image!r} removed")
     return 0
 
 

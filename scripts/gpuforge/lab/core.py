@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuforge import instance_types
 from gpuforge.errors import ExternalError, UserError
-from gpuforge.lab import ec2, host, network, rootfs, state, system
+from gpuforge.lab import ec2, host, images, network, rootfs, state, system
 from gpuforge.lab.moto import MotoServer, port_in_use
 from gpuforge.lab.state import HostState, LabState
 
@@ -36,6 +36,7 @@ class LabSpec:
     compute_type: str = "p5.48xlarge"
     queue: str = "gpu"
     moto_port: int | None = 5000  # None: no emulated EC2 (Molecule only needs hosts).
+    image: str | None = None  # A lab image (`gpuforge lab image`) to boot from instead of the rootfs.
 
 
 @contextlib.contextmanager
@@ -79,6 +80,8 @@ def _validate(spec: LabSpec) -> None:
         raise UserError(f"--nodes must be between 1 and {MAX_NODES}, got {spec.nodes}")
     instance_types.get(spec.head_type)
     instance_types.get(spec.compute_type)
+    if spec.image is not None:
+        images.rootfs(spec.image)
 
 
 def _alive(lab: LabState) -> bool:
@@ -109,7 +112,7 @@ def up(spec: LabSpec) -> LabState:
             )
         system.raise_kernel_limits()
         with _locked("rootfs"):
-            lower = rootfs.ensure_rootfs()
+            lower = images.rootfs(spec.image) if spec.image else rootfs.ensure_rootfs()
         # Labs come up in parallel (Molecule scenarios, benchmarks); only picking a free subnet
         # and recording it must not interleave.
         with _locked():
@@ -125,6 +128,7 @@ def up(spec: LabSpec) -> LabState:
                 ssh_user=rootfs.SSH_USER,
                 ssh_key=str(directory / "ssh" / "id_ed25519"),
                 hosts=_plan_hosts(spec, prefix),
+                image=spec.image,
             )
             state.save(lab)
         try:
@@ -271,6 +275,45 @@ def _tear_down(lab: LabState) -> None:
     system.stop_process(lab.artifacts_pid, "gpuforge.artifacts.server")
     network.delete_bridge(lab.bridge)
     shutil.rmtree(lab.directory, ignore_errors=True)
+
+
+def _lower(lab: LabState) -> Path:
+    """The read-only tree under every host of the lab."""
+    return images.rootfs(lab.image) if lab.image else rootfs.rootfs_path()
+
+
+def save_image(name: str, host_name: str, image: str) -> images.ImageInfo:
+    """Stop one host of the lab and keep its whole tree as lab image `image`."""
+    system.require_root_and_tools()
+    state.validate_name(name)
+    images.validate_name(image)
+    with _locked(name):
+        lab = state.load(name)
+        if lab is None:
+            raise UserError(f"lab {name!r} is not up; start it with `gpuforge lab up --name {name}`")
+        matches = [h for h in lab.hosts if host_name in (h.name, h.ip, h.instance_id)]
+        if not matches:
+            hosts = ", ".join(h.name for h in lab.hosts)
+            raise UserError(f"no host {host_name!r} in lab {name!r}; hosts: {hosts}")
+        with _locked("images"):
+            return images.capture(lab, matches[0], image, _lower(lab))
+
+
+def remove_image(image: str) -> None:
+    """Delete a lab image unless a lab that is up boots from it."""
+    system.require_root_and_tools()
+    images.validate_name(image)
+    with _locked("images"):
+        users = [
+            lab.name
+            for lab in (state.load(path.parent.name) for path in state.lab_root().glob("*/state.json"))
+            if lab is not None and lab.image == image
+        ]
+        if users:
+            raise UserError(
+                f"lab image {image!r} is in use by lab(s) {', '.join(sorted(users))}; bring them down first"
+            )
+        images.remove(image)
 
 
 def status(name: str) -> dict[str, Any]:

@@ -60,6 +60,8 @@ class LabState:
     proxy_port: int | None = None
     proxy_pid: int | None = None
     artifacts_pid: int | None = None
+    # The lab image the hosts booted from (`lab up --image`); None: the Debian rootfs.
+    image: str | None = None
 
     @property
     def artifacts_dir(self) -> Path:

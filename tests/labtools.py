@@ -1,0 +1,116 @@
+"""What the lab tests share: the gpuforge CLI, a lab per module, commands on hosts, playbooks.
+
+Lab tests need root and systemd-nspawn (`LAB_MARKS` skips them otherwise, saying so). Every
+call goes through the real `gpuforge` entry point in a subprocess, as a user would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuforge.lab import core as lab_core
+from gpuforge.lab.moto import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+LAB_MARKS = [
+    pytest.mark.lab,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
+        reason="the lab needs root and systemd-nspawn (apt-get install systemd-container)",
+    ),
+]
+
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)\s+"
+    r"failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+def gpuforge(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 900, without_aws: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The CLI as a subprocess; `without_aws` drops every AWS_* variable (proves no AWS is used)."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not (without_aws and k.startswith("AWS_")) and k != "SSH_AUTH_SOCK"
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "gpuforge.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={**base, **(env or {})},
+        timeout=timeout,
+    )
+
+
+def lab_up(name: str, nodes: int, *, ec2: bool = True, image: str | None = None) -> dict[str, Any]:
+    """A fresh lab (an old one of the same name goes first); `gpuforge lab up --json`'s output."""
+    gpuforge("lab", "down", "--name", name)
+    args = ["lab", "up", "--name", name, "--nodes", str(nodes), "--json"]
+    args += ["--moto-port", str(free_port())] if ec2 else ["--no-ec2"]
+    if image:
+        args += ["--image", image]
+    up = gpuforge(*args)
+    assert up.returncode == 0, up.stderr[-3000:]
+    info: dict[str, Any] = json.loads(up.stdout)
+    return info
+
+
+@contextmanager
+def lab(name: str, nodes: int, *, ec2: bool = True, image: str | None = None) -> Iterator[dict[str, Any]]:
+    """lab_up for the length of a with block (module fixtures), plus its `lab env` as info["env"]."""
+    info = lab_up(name, nodes, ec2=ec2, image=image)
+    info["env"] = lab_core.env_exports(name)
+    try:
+        yield info
+    finally:
+        gpuforge("lab", "down", "--name", name)
+
+
+def on(lab_name: str, host: str, command: str, *, check: bool = True, timeout: float = 300) -> str:
+    """Run a shell command on a lab host as root; its stdout."""
+    out = gpuforge(
+        "lab", "ssh", "--name", lab_name, host, "--", f"sudo sh -c {shlex.quote(command)}", timeout=timeout
+    )
+    if check:
+        assert out.returncode == 0, f"{host}: {command}: {out.stderr}{out.stdout}"
+    return out.stdout
+
+
+def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook from the repository root with the lab's environment."""
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"},
+        timeout=timeout,
+    )
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP counters per host."""
+    return {
+        m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
+        for m in RECAP.finditer(output)
+    }
