@@ -15,6 +15,8 @@ from gpuforge.pcluster.config import custom_amis
 from gpuforge.pcluster.generate import IMAGE_OS, generate
 from gpuforge.pcluster.validate import validate
 
+KMS_KEY = "1234abcd-12ab-34cd-56ef-1234567890ab"
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster-spec.yml"
 SUBNET_A = "subnet-0123456789abcdef0"
 SUBNET_B = "subnet-0123456789abcdef1"
@@ -125,6 +127,79 @@ def test_optional_parts() -> None:
     assert custom_amis(config) == {"ami-0123456789abcdef0", "ami-0fedcba9876543210"}
 
 
+def _security_specs() -> dict[str, dict[str, Any]]:
+    """Specs covering each shape of output: several queues, no storage, an existing file system."""
+    no_storage = base_spec()
+    del no_storage["storage"]
+    no_storage["queues"][0]["ami"] = "ami-0fedcba9876543210"
+    existing_fsx = base_spec()
+    existing_fsx["storage"] = {"fsx_lustre": {"file_system_id": "fs-0123456789abcdef0"}}
+    no_efa = next(t for t in instance_types.all_types().values() if t.efa_interfaces == 0)
+    existing_fsx["queues"].append(
+        {
+            "name": "cpu",
+            "subnet_ids": [SUBNET_A, SUBNET_B],
+            "compute_resources": [{"instance_type": no_efa.name, "max_count": 1}],
+        }
+    )
+    return {
+        "example": yaml.safe_load(EXAMPLE.read_text()),
+        "base": base_spec(),
+        "no-storage": no_storage,
+        "existing-fsx-two-queues": existing_fsx,
+    }
+
+
+@pytest.mark.parametrize("spec", list(_security_specs().values()), ids=list(_security_specs()))
+def test_security_settings_are_stated_not_left_to_defaults(
+    spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IMDSv2 only, a secured head node IMDS and encrypted root volumes, on the head node and every queue.
+
+    Checked twice: in the YAML gpuforge writes, and in the model aws-parallelcluster builds from it, where
+    each value must be the one given (not implied from a default), so a key ParallelCluster would read
+    from elsewhere, or a default that later changes, cannot make the check pass.
+    """
+    from pcluster.schemas.cluster_schema import ClusterSchema
+
+    config = generate(spec)
+    assert config["Imds"] == {"ImdsSupport": "v2.0"}
+    assert config["HeadNode"]["Imds"] == {"Secured": True}
+    assert config["HeadNode"]["LocalStorage"] == {"RootVolume": {"Encrypted": True}}
+    queues = config["Scheduling"]["SlurmQueues"]
+    assert len(queues) == len(spec["queues"])
+    for queue in queues:
+        assert queue["ComputeSettings"] == {"LocalStorage": {"RootVolume": {"Encrypted": True}}}, queue[
+            "Name"
+        ]
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", config["Region"])
+    model = ClusterSchema(cluster_name="gpuforge-test").load(copy.deepcopy(config))
+    stated: list[tuple[str, Any, str, Any]] = [
+        ("Imds.ImdsSupport", model.imds, "imds_support", "v2.0"),
+        ("HeadNode.Imds.Secured", model.head_node.imds, "secured", True),
+        ("HeadNode root volume", model.head_node.local_storage.root_volume, "encrypted", True),
+    ]
+    stated += [
+        (f"queue {q.name} root volume", q.compute_settings.local_storage.root_volume, "encrypted", True)
+        for q in model.scheduling.queues
+    ]
+    assert len(stated) == 3 + len(queues)
+    for what, resource, attr, expected in stated:
+        assert getattr(resource, attr) == expected, what
+        assert not resource.is_implied(attr), f"{what} is ParallelCluster's default, not gpuforge's setting"
+
+
+def test_new_fsx_takes_an_optional_kms_key() -> None:
+    """FSx for Lustre is always encrypted at rest; a customer-managed key is passed through when given."""
+    spec = base_spec()
+    assert "KmsKeyId" not in generate(spec)["SharedStorage"][0]["FsxLustreSettings"]
+    arn = f"arn:aws:kms:us-east-1:123456789012:key/{KMS_KEY}"
+    for key in (KMS_KEY, arn, "mrk-1234abcd12ab34cd56ef1234567890ab"):
+        spec["storage"]["fsx_lustre"]["kms_key_id"] = key
+        assert generate(spec)["SharedStorage"][0]["FsxLustreSettings"]["KmsKeyId"] == key
+
+
 def test_generate_does_not_modify_the_spec() -> None:
     spec = base_spec()
     before = copy.deepcopy(spec)
@@ -226,6 +301,17 @@ BAD_SPECS = [
         "only be used",
     ),
     (_set("slurm", {"custom_settings": ["PrivateData=cloud"]}), "slurm.custom_settings[0]", "mapping"),
+    (_set(f"{FSX}.kms_key_id", "alias/fsx"), f"{FSX}.kms_key_id", "not a KMS key id or key ARN"),
+    (
+        _set(FSX, {"storage_capacity": 1200, "deployment_type": "SCRATCH_2", "kms_key_id": KMS_KEY}),
+        f"{FSX}.kms_key_id",
+        "KMS key id can only be used",
+    ),
+    (
+        _set(FSX, {"file_system_id": "fs-0123456789abcdef0", "kms_key_id": KMS_KEY}),
+        f"{FSX}.file_system_id",
+        "takes no kms_key_id",
+    ),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import botocore.client
@@ -171,3 +172,91 @@ def test_supported_regions_come_from_the_package() -> None:
 def test_error_lines_flatten_nested_messages() -> None:
     messages = {"A": {0: {"B": ["bad"]}, "_schema": ["whole A"]}, "C": ["missing"]}
     assert error_lines(messages) == ["A[0].B: bad", "A: whole A", "C: missing"]
+
+
+def _secured(config: dict[str, Any]) -> dict[str, Any]:
+    """valid_config() with every security setting stated, as `cluster-config generate` writes them."""
+    config["Imds"] = {"ImdsSupport": "v2.0"}
+    config["HeadNode"]["Imds"] = {"Secured": True}
+    config["HeadNode"]["LocalStorage"] = {"RootVolume": {"Encrypted": True}}
+    for queue in config["Scheduling"]["SlurmQueues"]:
+        queue["ComputeSettings"] = {"LocalStorage": {"RootVolume": {"Encrypted": True, "Size": 200}}}
+    return config
+
+
+def test_accepts_security_settings_stated_or_left_to_defaults() -> None:
+    validate(_secured(valid_config()))
+    validate(valid_config())
+
+
+HEAD_ROOT = "HeadNode.LocalStorage.RootVolume.Encrypted"
+QUEUE_ROOT = "Scheduling.SlurmQueues[0].ComputeSettings.LocalStorage.RootVolume.Encrypted"
+
+# (path to set, weak value, the error line's start, what it must tell the user to set)
+WEAKENED = [
+    (("Imds", "ImdsSupport"), "v1.0", "Imds.ImdsSupport: v1.0 ", "set ImdsSupport: v2.0"),
+    (
+        ("HeadNode", "LocalStorage", "RootVolume", "Encrypted"),
+        False,
+        f"{HEAD_ROOT}: false ",
+        "Encrypted: true",
+    ),
+    (
+        ("Scheduling", "SlurmQueues", 0, "ComputeSettings", "LocalStorage", "RootVolume", "Encrypted"),
+        False,
+        f"{QUEUE_ROOT}: false ",
+        "Encrypted: true",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "line", "fix"), WEAKENED, ids=[w[2].split(":")[0] for w in WEAKENED]
+)
+def test_rejects_a_config_that_turns_security_off(
+    path: tuple[Any, ...], value: Any, line: str, fix: str
+) -> None:
+    config = _secured(valid_config())
+    target: Any = config
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(UserError) as info:
+        validate(config)
+    message = str(info.value)
+    assert message.startswith("the cluster config turns off a security default:\n"), message
+    (error,) = message.splitlines()[1:]
+    assert error.strip().startswith(line), error
+    assert fix in error
+
+
+def test_lists_every_weakened_setting_at_once() -> None:
+    """One run names each setting to change, the second queue's by its own index."""
+    config = _secured(valid_config())
+    queues = config["Scheduling"]["SlurmQueues"]
+    queues.append(copy.deepcopy(queues[0]) | {"Name": "gpu2"})
+    config["Imds"]["ImdsSupport"] = "v1.0"
+    config["HeadNode"]["LocalStorage"]["RootVolume"]["Encrypted"] = False
+    queues[1]["ComputeSettings"]["LocalStorage"]["RootVolume"]["Encrypted"] = False
+    with pytest.raises(UserError) as info:
+        validate(config)
+    fields = [line.strip().split(":")[0] for line in str(info.value).splitlines()[1:]]
+    assert fields == ["Imds.ImdsSupport", HEAD_ROOT, QUEUE_ROOT.replace("[0]", "[1]")]
+
+
+def test_cli_validate_exits_2_naming_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuforge import cli
+    from gpuforge.pcluster.config import dump_config
+
+    # Only this feature's commands, as in test_pcluster_cli.py, so other modules cannot break this test.
+    monkeypatch.setattr(cli, "_COMMAND_MODULES", ("gpuforge.pcluster.cli",))
+    config = _secured(valid_config())
+    config["Imds"]["ImdsSupport"] = "v1.0"
+    path = tmp_path / "cluster.yml"
+    dump_config(config, path)
+    assert cli.main(["cluster-config", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuforge: error: the cluster config turns off a security default:")
+    assert "Imds.ImdsSupport: v1.0" in err

@@ -3,10 +3,15 @@
 Hardware facts (EFA, GPUs) come from data/instance_types.yml via gpuforge.instance_types, and naming and
 FSx rules from aws-parallelcluster's own validators, so neither is restated here. The result is checked
 with ParallelCluster's schema (gpuforge.pcluster.validate) before it is returned.
+
+Every config states its security settings (IMDSv2 only, a secured head node IMDS, encrypted root
+volumes) even where they equal ParallelCluster's current defaults: a default can change between
+releases, and an explicit value is what a reviewer and `gpuforge cluster-config validate` can check.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,6 +43,21 @@ _SUBNET_RE = re.compile(ALLOWED_VALUES["subnet_id"])
 _INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 # ParallelCluster downloads custom action scripts from S3 or over HTTPS.
 _SCRIPT_URL_RE = re.compile(r"^(s3|https)://[^\s/]+/\S+$")
+# A KMS key as FSx takes it: a key id, a multi-Region key id, or either as a key ARN.
+_KMS_KEY_RE = re.compile(
+    r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/)?"
+    r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|mrk-[0-9a-f]{32})$"
+)
+
+# Instances accept only IMDSv2 (session tokens), which blocks the SSRF-style credential theft that
+# IMDSv1's plain GET allows. This is the cluster-wide setting; HeadNode.Imds.Secured is separate.
+IMDS = {"ImdsSupport": "v2.0"}
+# On the head node, only root and ParallelCluster's admin user may reach IMDS (and so the instance
+# profile's credentials); other users on the head node cannot.
+HEAD_NODE_IMDS = {"Secured": True}
+# ParallelCluster's schema puts the root volume under HeadNode.LocalStorage and, for compute nodes,
+# under each queue's ComputeSettings.LocalStorage (compute resources have no storage settings).
+ENCRYPTED_ROOT_VOLUME = {"RootVolume": {"Encrypted": True}}
 
 
 @dataclass(frozen=True)
@@ -139,9 +159,11 @@ def _head_node(node: _Node) -> dict[str, Any]:
             "SubnetId": fields["subnet_id"].str(_SUBNET_RE, "a subnet id (subnet-<8 or 17 hex digits>)")
         },
         "Ssh": {"KeyName": fields["ssh_key"].str()},
+        "LocalStorage": copy.deepcopy(ENCRYPTED_ROOT_VOLUME),
     }
     if "on_node_configured" in fields:
         head["CustomActions"] = _custom_action(fields["on_node_configured"])
+    head["Imds"] = dict(HEAD_NODE_IMDS)
     return head
 
 
@@ -182,6 +204,7 @@ def _queue(node: _Node, managed_fsx: bool) -> dict[str, Any]:
         )
     if "ami" in fields:
         queue["Image"] = {"CustomAmi": fields["ami"].checked(check_ami_id)}
+    queue["ComputeSettings"] = {"LocalStorage": copy.deepcopy(ENCRYPTED_ROOT_VOLUME)}
     resources = [
         _compute_resource(cr)
         for cr in fields["compute_resources"].items(max_len=MAX_COMPUTE_RESOURCES_PER_QUEUE)
@@ -218,14 +241,20 @@ def _deployment_types() -> list[str]:
     return list(field.validate.choices)
 
 
-def _check_new_fsx(node: _Node, capacity: int, deployment: str, throughput: int | None) -> None:
+def _check_new_fsx(
+    node: _Node, capacity: int, deployment: str, throughput: int | None, kms_key_id: str | None
+) -> None:
     """Apply ParallelCluster's own offline FSx rules (they need no AWS call), in its order."""
+    persistent_options = {"deployment_type": deployment, "per_unit_storage_throughput": throughput}
     checks: list[tuple[str, Validator, dict[str, Any]]] = [
         (
             "per_unit_storage_throughput",
             FsxPersistentOptionsValidator(),
-            {"deployment_type": deployment, "kms_key_id": None, "per_unit_storage_throughput": throughput},
+            persistent_options | {"kms_key_id": None},
         ),
+        # The same validator again, now with the key: the throughput rules passed above, so any error
+        # left is the KMS key's (ParallelCluster takes a key only on PERSISTENT_* file systems).
+        ("kms_key_id", FsxPersistentOptionsValidator(), persistent_options | {"kms_key_id": kms_key_id}),
         (
             "per_unit_storage_throughput",
             FsxStorageTypeOptionsValidator(),
@@ -265,6 +294,7 @@ def _fsx_lustre(node: _Node) -> dict[str, Any]:
             "storage_capacity",
             "deployment_type",
             "per_unit_storage_throughput",
+            "kms_key_id",
         },
     )
     name = fields["name"].str() if "name" in fields else FSX_DEFAULT_NAME
@@ -274,7 +304,12 @@ def _fsx_lustre(node: _Node) -> dict[str, Any]:
         else FSX_DEFAULT_MOUNT_DIR
     )
     settings: dict[str, Any] = {}
-    new_fs_keys = {"storage_capacity", "deployment_type", "per_unit_storage_throughput"} & fields.keys()
+    new_fs_keys = {
+        "storage_capacity",
+        "deployment_type",
+        "per_unit_storage_throughput",
+        "kms_key_id",
+    } & fields.keys()
     if "file_system_id" in fields:
         if new_fs_keys:
             raise fields["file_system_id"].fail(
@@ -296,10 +331,19 @@ def _fsx_lustre(node: _Node) -> dict[str, Any]:
             if "per_unit_storage_throughput" in fields
             else None
         )
-        _check_new_fsx(node, capacity, deployment, throughput)
+        # FSx for Lustre always encrypts at rest (with an AWS-managed key unless one is given), so no
+        # setting can weaken it; a customer-managed key is the only choice left, and an optional one.
+        kms_key_id = (
+            fields["kms_key_id"].str(_KMS_KEY_RE, "a KMS key id or key ARN")
+            if "kms_key_id" in fields
+            else None
+        )
+        _check_new_fsx(node, capacity, deployment, throughput, kms_key_id)
         settings.update(StorageCapacity=capacity, DeploymentType=deployment)
         if throughput is not None:
             settings["PerUnitStorageThroughput"] = throughput
+        if kms_key_id is not None:
+            settings["KmsKeyId"] = kms_key_id
     return {"Name": name, "StorageType": "FsxLustre", "MountDir": mount_dir, "FsxLustreSettings": settings}
 
 
@@ -349,5 +393,7 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     }
     if fsx is not None:
         config["SharedStorage"] = [fsx]
+    # Last, so the first keys stay the ones a reader looks for (Region, Image, HeadNode, Scheduling).
+    config["Imds"] = dict(IMDS)
     validate(config)
     return config

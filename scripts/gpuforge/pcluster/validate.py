@@ -14,6 +14,9 @@ stack of that name exists, then `_validate_and_parse_config` does two steps:
 This module runs step 1 only, so it works offline and in CI. Step 2 needs a real account: run
 `pcluster create-cluster --dryrun true` before a launch. The region check uses the supported-regions list
 shipped inside the package: `pcluster.utils.retrieve_supported_regions()` would fetch it from S3 first.
+
+On top of the schema, gpuforge refuses configs that switch off what its generated configs state
+explicitly: IMDSv2-only instances and encrypted root volumes (see `security_errors`).
 """
 
 from __future__ import annotations
@@ -84,8 +87,51 @@ def _config_region(config: dict[str, Any]) -> str:
     return region
 
 
+def _get(value: Any, *keys: str) -> Any:
+    """value[k1][k2]...; None where a level is missing or not a mapping (the schema has vetted shapes)."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def security_errors(config: dict[str, Any]) -> list[str]:
+    """Each setting that turns off IMDSv2-only access or root volume encryption, with what to change.
+
+    Only explicit settings are refused: left out, ParallelCluster 3 defaults to ImdsSupport v2.0 and
+    encrypted root volumes, which is what gpuforge wants.
+    """
+    errors: list[str] = []
+    if _get(config, "Imds", "ImdsSupport") == "v1.0":
+        errors.append(
+            "Imds.ImdsSupport: v1.0 lets every node answer IMDSv1 requests, whose instance credentials an "
+            "SSRF can read; set ImdsSupport: v2.0"
+        )
+    volumes = [("HeadNode.LocalStorage.RootVolume", _get(config, "HeadNode", "LocalStorage", "RootVolume"))]
+    queues = _get(config, "Scheduling", "SlurmQueues")
+    for i, queue in enumerate(queues if isinstance(queues, list) else []):
+        volumes.append(
+            (
+                f"Scheduling.SlurmQueues[{i}].ComputeSettings.LocalStorage.RootVolume",
+                _get(queue, "ComputeSettings", "LocalStorage", "RootVolume"),
+            )
+        )
+    for path, volume in volumes:
+        if _get(volume, "Encrypted") is False:
+            errors.append(
+                f"{path}.Encrypted: false leaves the root volume unencrypted; set Encrypted: true "
+                "(or remove the key: ParallelCluster encrypts by default)"
+            )
+    return errors
+
+
 def validate(config: dict[str, Any]) -> None:
-    """Check config against ParallelCluster's ClusterSchema; a UserError lists each error with its path."""
+    """Check config against ParallelCluster's ClusterSchema and gpuforge's security rules.
+
+    A UserError lists each error with its path: schema errors first, since the security rules read
+    values the schema has checked.
+    """
     if not isinstance(config, dict):
         raise UserError("a cluster config must be a mapping (Region, Image, HeadNode, Scheduling, ...)")
     # Imported here: pcluster pulls in its whole config model, which commands that never validate don't need.
@@ -105,3 +151,6 @@ def validate(config: dict[str, Any]) -> None:
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         # ParallelCluster's post-load constructors raise these on shapes the schema let through.
         raise UserError(f"ParallelCluster cannot load the cluster config: {exc}") from None
+    weakened = security_errors(config)
+    if weakened:
+        raise UserError("the cluster config turns off a security default:\n  " + "\n  ".join(weakened))
