@@ -15,8 +15,9 @@ DEMO_MOTO_PORT ?= 5100
 
 # What the control host needs: the lab (debootstrap, systemd-nspawn, iproute2, ssh), Packer
 # for `packer validate` and the local bake, promtool for the alert-rule tests, gpg for the
-# signed-download tests, gcc for the stand-in plugin in the EFA fixture, git for ansible-pull.
-APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg curl gcc packer prometheus
+# signed-download tests, gcc for the stand-in plugin in the EFA fixture, git for ansible-pull,
+# shellcheck for the shell scripts we ship.
+APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg curl gcc packer prometheus shellcheck
 
 PY_SOURCES := scripts tests molecule
 

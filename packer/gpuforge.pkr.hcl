@@ -86,7 +86,15 @@ source "null" "lab" {
 build {
   sources = ["source.amazon-ebs.gpu", "source.null.lab"]
 
-  # First: refuse a base that cannot make this flavor, before spending time on the playbook.
+  # Before anything runs on the EC2 builder: it must refuse IMDSv1. Packer 1.6 rejects
+  # metadata_options, so `gpuforge bake` requires IMDSv2 when Packer reports the instance; this
+  # checks from inside that it took effect (the lab host has no IMDS).
+  provisioner "shell" {
+    only   = ["amazon-ebs.gpu"]
+    script = "${var.repo_root}/packer/scripts/check-imdsv2.sh"
+  }
+
+  # Then: refuse a base that cannot make this flavor, before spending time on the playbook.
   provisioner "shell" {
     script           = "${var.repo_root}/packer/scripts/check-base.sh"
     environment_vars = ["GPUFORGE_FLAVOR=${var.flavor}"]

@@ -2,9 +2,12 @@
 
 The fake packer (FAKE_PACKER below, a test double named as such) stands in for HashiCorp's binary,
 which would need real EC2 and SSH: it reads the var file gpuforge wrote, does what the amazon-ebs
-builder does against moto (launch the source AMI, create and tag the image, terminate the builder),
-prints -machine-readable lines and writes a manifest in Packer's format. Modes make it fail before or
-after registering, or forget the tags, so we can check that a failed bake leaves nothing behind.
+builder does against moto (launch the source AMI, report its id with the line Packer 1.6.6 prints,
+create and tag the image, terminate the builder), prints -machine-readable lines and writes a
+manifest in Packer's format. Like the template's first provisioner (check-imdsv2.sh) it refuses to
+go on while the builder still allows IMDSv1, and like Packer it terminates the builder on SIGINT.
+Modes make it fail before or after registering, forget the tags, or launch without saying so, so we
+can check that a failed bake leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from gpuforge import aws, cli, versions
 from gpuforge.ami import bake, images, publish
@@ -25,7 +29,7 @@ from gpuforge.lab.moto import MotoServer
 
 FAKE_PACKER = r'''#!{python}
 """Test double for the packer binary (see tests/test_ami_bake.py)."""
-import json, os, sys, time, uuid
+import json, os, signal, sys, time, uuid
 
 args = sys.argv[1:]
 with open(os.environ["FAKE_PACKER_CALLS"], "a") as calls:
@@ -56,6 +60,29 @@ ec2 = boto3.client("ec2", region_name=v["region"])
 source = ec2.describe_images(ImageIds=[v["source_ami"]])["Images"][0]
 instance = ec2.run_instances(ImageId=v["source_ami"], MinCount=1, MaxCount=1, InstanceType="g5.2xlarge")
 instance_id = instance["Instances"][0]["InstanceId"]
+
+def interrupted(signum, frame):
+    # What Packer does on Ctrl-C: cancel the build and run the cleanup steps.
+    say("Terminating the source AWS instance...")
+    ec2.terminate_instances(InstanceIds=[instance_id])
+    print(f"{now},,ui,error,Build '{only}' errored: build was cancelled", flush=True)
+    sys.exit(1)
+
+signal.signal(signal.SIGINT, interrupted)
+if mode != "silent-launch":
+    # Packer 1.6.6's StepRunSourceInstance, as -machine-readable prints it (ui.Message via TargetedUI).
+    print(f"{now},,ui,message,    {only}: Instance ID: {instance_id}", flush=True)
+    say(f"Waiting for instance ({instance_id}) to become ready...")
+    # check-imdsv2.sh, the template's first provisioner: wait a little for IMDSv2, then give up.
+    for _ in range(100):
+        reservation = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]
+        if reservation["Instances"][0].get("MetadataOptions", {}).get("HttpTokens") == "required":
+            break
+        time.sleep(0.1)
+    else:
+        ec2.terminate_instances(InstanceIds=[instance_id])
+        print(f"{now},,ui,error,check-imdsv2: the builder allows IMDSv1", flush=True)
+        sys.exit(1)
 say("Running ansible playbook: playbooks/bake.yml")
 name = f"gpuforge-{v['flavor']}-{now}-{v['git_revision']}"
 ami = ec2.create_image(InstanceId=instance_id, Name=name)["ImageId"]
@@ -197,7 +224,84 @@ def test_bake_pcluster_flavor_carries_parallelcluster_tags(
     assert image.tags["parallelcluster:os"] == "ubuntu2204"
 
 
-@pytest.mark.parametrize("mode", ["fail", "fail-after-register", "untagged"])
+def _builder(source_ami: str) -> dict[str, Any]:
+    """The one instance the fake packer launched from source_ami (moto keeps terminated instances)."""
+    pages = boto3.client("ec2").describe_instances(Filters=[{"Name": "image-id", "Values": [source_ami]}])
+    (instance,) = [i for r in pages["Reservations"] for i in r["Instances"]]
+    return dict(instance)
+
+
+def _packer_log(work: Path) -> str:
+    (log,) = work.glob("*/packer.log")
+    return log.read_text()
+
+
+def test_bake_requires_imdsv2_on_the_builder_before_provisioning(
+    dlami_base: str, fake_packer: Path, tmp_path: Path
+) -> None:
+    """The builder instance ends IMDSv2-only; the fake provisions only once it is (as check-imdsv2.sh)."""
+    bake.bake_aws(_options(tmp_path))
+    builder = _builder(dlami_base)
+    assert builder["MetadataOptions"]["HttpTokens"] == "required"
+    assert builder["MetadataOptions"]["HttpEndpoint"] == "enabled"
+    assert builder["State"]["Name"] == "terminated"
+    log = _packer_log(tmp_path / "work")
+    assert log.index(f"Instance ID: {builder['InstanceId']}") < log.index("Running ansible playbook")
+
+
+def test_bake_stops_when_the_builder_cannot_be_made_imdsv2_only(
+    dlami_base: str,
+    fake_packer: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A refused ModifyInstanceMetadataOptions stops Packer before provisioning; nothing is registered."""
+    original = aws.client
+
+    def denying_client(service: str, region_name: str | None = None) -> Any:
+        client = original(service, region_name)
+
+        def deny(**_: Any) -> None:
+            error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this"}
+            raise ClientError({"Error": error}, "ModifyInstanceMetadataOptions")
+
+        client.meta.events.register("before-call.ec2.ModifyInstanceMetadataOptions", deny)
+        return client
+
+    monkeypatch.setattr(aws, "client", denying_client)
+    work = tmp_path / "work"
+    code = cli.main(["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(work)])
+    assert code == ExternalError.exit_code
+    builder = _builder(dlami_base)
+    err = capsys.readouterr().err
+    assert f"cannot require IMDSv2 on builder instance {builder['InstanceId']}" in err
+    assert "UnauthorizedOperation" in err
+    assert builder["MetadataOptions"].get("HttpTokens") != "required"
+    # Packer was interrupted and cleaned up (terminated the builder) before running any provisioner.
+    assert builder["State"]["Name"] == "terminated"
+    log = _packer_log(work)
+    assert "Terminating the source AWS instance" in log
+    assert "Running ansible playbook" not in log
+    assert _gpuforge_images() == []
+
+
+def test_bake_fails_when_packer_never_names_its_builder(
+    dlami_base: str,
+    fake_packer: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """If Packer's output changes so the builder goes unseen, the image is not trusted: it is discarded."""
+    monkeypatch.setenv("FAKE_PACKER_MODE", "silent-launch")
+    code = cli.main(["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "work")])
+    assert code == ExternalError.exit_code
+    assert "could not require IMDSv2" in capsys.readouterr().err
+    assert _gpuforge_images() == []
+
+
+@pytest.mark.parametrize("mode", ["fail", "fail-after-register", "untagged", "silent-launch"])
 def test_failed_bake_registers_no_image_and_moves_no_parameter(
     dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:

@@ -3,6 +3,9 @@
 A failed bake registers no image and moves no parameter: when Packer fails, or its result does not
 check out (no manifest, missing tags, never available), every image tagged with this bake's
 gpuforge:build-id is deregistered with its snapshots before the error is raised.
+
+The builder instance is IMDSv2-only from the moment Packer reports it (BuilderImds), as is the image
+(images.require_imdsv2): Packer 1.6 can set neither itself.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ from typing import Any
 from gpuforge import aws, paths, versions
 from gpuforge.ami import images
 from gpuforge.ami import manifest as packer_manifest
-from gpuforge.ami.packer import Packer, Progress, template_dir, write_var_file
+from gpuforge.ami.packer import MachineLine, Packer, Progress, launched_instance, template_dir, write_var_file
 from gpuforge.errors import ExternalError, UserError
 
 LOG = logging.getLogger(__name__)
@@ -155,15 +159,61 @@ def _common_variables(options: BakeOptions, run: Run, tags: dict[str, str]) -> d
     }
 
 
-def _run_packer(run: Run, variables: dict[str, Any], only: str) -> list[packer_manifest.Artifact]:
+class BuilderImds:
+    """Make the amazon-ebs builder instance IMDSv2-only as soon as Packer reports launching it.
+
+    Packer 1.6 rejects `metadata_options` (and modern Packer cannot take it from the same template;
+    docs/ami-pipeline.md), so the builder would boot with the account's IMDS defaults, often IMDSv1.
+    Packer says which instance it launched before it waits for SSH; this watches for that line and
+    calls ModifyInstanceMetadataOptions. If that fails it raises, which interrupts Packer (see
+    Packer.build) before any provisioner runs. The template's first provisioner checks from inside
+    the builder that IMDSv1 is refused, in case this wrapper ever misses the line.
+    """
+
+    def __init__(self, build: str, region: str) -> None:
+        self.build = build
+        self.region = region
+        self.instance_id: str | None = None
+
+    def __call__(self, line: MachineLine) -> None:
+        instance_id = launched_instance(line, self.build)
+        if instance_id is None or self.instance_id is not None:
+            # Only the first report is the builder's: a later "Instance ID:" line is provisioner output.
+            return
+        images.require_instance_imdsv2(instance_id, self.region)
+        self.instance_id = instance_id
+        LOG.info("builder %s now requires IMDSv2 (HttpTokens=required)", instance_id)
+
+    def check(self) -> None:
+        """After a successful build: the builder must have been seen and secured."""
+        if self.instance_id is None:
+            raise ExternalError(
+                f"packer never reported the instance {self.build} launched ('Instance ID: i-...'), so "
+                "gpuforge could not require IMDSv2 on it; the image is discarded"
+            )
+
+
+def _run_packer(
+    run: Run,
+    variables: dict[str, Any],
+    only: str,
+    watch: Callable[[MachineLine], None] | None = None,
+) -> list[packer_manifest.Artifact]:
+    """Run the build; watch (if given) sees every machine-readable line, and may raise to stop Packer."""
     packer = Packer.find()
     staged = packer.stage(template_dir(), run.directory)
     var_file = write_var_file(run.directory / "variables.json", variables)
     progress = Progress()
+
+    def on_line(line: MachineLine) -> None:
+        progress(line)
+        if watch is not None:
+            watch(line)
+
     # Packer looks up ansible-playbook on PATH; the one next to this Python is the pinned one.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     LOG.info("packer %s build %s (log %s)", ".".join(map(str, packer.version)), run.build_id, run.log)
-    status = packer.build(staged, var_file, run.log, only=[only], on_line=progress, env={"PATH": path})
+    status = packer.build(staged, var_file, run.log, only=[only], on_line=on_line, env={"PATH": path})
     if status != 0:
         detail = "\n  ".join(progress.errors[-5:]) or "no error message"
         raise ExternalError(f"packer build failed with exit status {status}; see {run.log}:\n  {detail}")
@@ -215,8 +265,10 @@ def bake_aws(options: BakeOptions) -> images.Image:
         "kms_key_id": options.kms_key_id,
         "root_volume_size_gib": options.root_volume_size_gib,
     }
+    builder_imds = BuilderImds(AWS_SOURCE, region)
     try:
-        artifacts = _run_packer(run, variables, AWS_SOURCE)
+        artifacts = _run_packer(run, variables, AWS_SOURCE, watch=builder_imds)
+        builder_imds.check()
         ami_id = packer_manifest.image_in(artifacts, region)
         images.wait_available(ami_id, region)
         image = images.describe(ami_id, region)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError, WaiterError
+from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
 from gpuforge import aws
 from gpuforge.errors import ExternalError, UserError
@@ -180,6 +180,27 @@ def require_imdsv2(ami_id: str, region: str | None = None) -> None:
         _ec2(region).modify_image_attribute(ImageId=ami_id, ImdsSupport={"Value": "v2.0"})
     except ClientError as exc:
         raise ExternalError(f"cannot set ImdsSupport=v2.0 on {ami_id}: {exc}") from exc
+
+
+def require_instance_imdsv2(instance_id: str, region: str | None = None) -> None:
+    """Make a running instance IMDSv2-only (HttpTokens=required, the endpoint left enabled).
+
+    For the Packer builder, which Packer 1.6 launches with the account's IMDS defaults: from here on,
+    a process on it (a provisioner, a package's install script) gets the instance profile's
+    credentials only with a session token, never with a plain GET that an SSRF could forge.
+    """
+    try:
+        reply = _ec2(region).modify_instance_metadata_options(
+            InstanceId=instance_id, HttpTokens="required", HttpEndpoint="enabled"
+        )
+    except (ClientError, BotoCoreError) as exc:
+        raise ExternalError(f"cannot require IMDSv2 on builder instance {instance_id}: {exc}") from exc
+    options = reply.get("InstanceMetadataOptions", {})
+    # EC2 answers with the options it will apply; anything else means the request did not take.
+    if options.get("HttpTokens") != "required" or options.get("HttpEndpoint", "enabled") != "enabled":
+        raise ExternalError(
+            f"builder instance {instance_id} reports metadata options {options}, not HttpTokens=required"
+        )
 
 
 def amis_of_live_instances(region: str | None = None) -> set[str]:

@@ -14,8 +14,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +34,16 @@ MODERN_PLUGINS_FILE = "plugins.pkr.hcl.modern"
 # required_plugins (and `packer init` for HCL2) arrived in Packer 1.7.
 MODERN_MIN = (1, 7, 0)
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+# How long Packer gets to clean up (terminate its builder, delete its key pair and security group)
+# after gpuforge interrupts a build, before it is killed.
+CLEANUP_TIMEOUT_S = 600.0
+
+# The amazon-ebs builder's report of the instance it launched, as `ui.Message("Instance ID: i-...")`
+# in StepRunSourceInstance (Packer 1.6 builder/amazon/common/step_run_source_instance.go, and
+# waitForInstanceReadiness in packer-plugin-amazon). -machine-readable prints it as
+# `<time>,,ui,message,    amazon-ebs.gpu: Instance ID: i-0123...`: TargetedUI indents a message by
+# the width of "==>" and prefixes the build name, and the target field stays empty.
+_INSTANCE_ID_RE = re.compile(r"^\s+(?P<build>[\w.-]+): Instance ID: (?P<id>i-[0-9a-f]{8,17})$")
 
 
 def template_dir() -> Path:
@@ -57,6 +69,16 @@ class MachineLine:
             p.replace("%!(PACKER_COMMA)", ",").replace("\\n", "\n").replace("\\r", "") for p in parts[3:]
         )
         return cls(int(parts[0]), parts[1], parts[2], data)
+
+
+def launched_instance(line: MachineLine, build: str) -> str | None:
+    """The id of the EC2 instance that `build` (e.g. "amazon-ebs.gpu") says it launched, if line says so."""
+    if line.kind != "ui" or len(line.data) < 2 or line.data[0] != "message":
+        return None
+    match = _INSTANCE_ID_RE.match(line.data[1].rstrip())
+    if match is None or match["build"] != build:
+        return None
+    return match["id"]
 
 
 @dataclass
@@ -140,7 +162,11 @@ class Packer:
         on_line: Callable[[MachineLine], None] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> int:
-        """Run `packer build`, streaming each machine-readable line to on_line; return its exit status."""
+        """Run `packer build`, streaming each machine-readable line to on_line; return its exit status.
+
+        If on_line raises, Packer is interrupted as Ctrl-C would (so it still cleans up what it created),
+        and the exception propagates once Packer has exited.
+        """
         args = [
             self.executable,
             "build",
@@ -165,12 +191,18 @@ class Packer:
             except OSError as exc:
                 raise ExternalError(f"cannot run {self.executable}: {exc}") from exc
             assert proc.stdout is not None
-            for raw in proc.stdout:
-                log.write(raw)
-                log.flush()
-                parsed = MachineLine.parse(raw)
-                if on_line is not None and parsed is not None:
-                    on_line(parsed)
+            try:
+                for raw in proc.stdout:
+                    log.write(raw)
+                    log.flush()
+                    parsed = MachineLine.parse(raw)
+                    if on_line is not None and parsed is not None:
+                        on_line(parsed)
+            except BaseException as exc:
+                # Ctrl-C at a terminal has already reached Packer (same process group); anything else
+                # (on_line refusing the build) has not.
+                _interrupt(proc, log, signal_packer=not isinstance(exc, KeyboardInterrupt))
+                raise
             return proc.wait()
 
     def _run(self, args: list[str], check: bool = False) -> subprocess.CompletedProcess[str]:
@@ -187,6 +219,30 @@ class Packer:
         if check and result.returncode != 0:
             raise ExternalError(f"packer {args[0]} failed:\n{(result.stdout + result.stderr).strip()}")
         return result
+
+
+def _interrupt(proc: subprocess.Popen[str], log: TextIO, signal_packer: bool = True) -> None:
+    """Stop a running `packer build` and wait for it, keeping its remaining output in the log.
+
+    SIGINT, not SIGTERM: on an interrupt Packer cancels the build and still runs every step's cleanup
+    (terminate the builder, delete its temporary key pair and security group). A Packer that does not
+    finish within CLEANUP_TIMEOUT_S is killed, and the log says so.
+    """
+    if signal_packer and proc.poll() is None:
+        LOG.warning("interrupting packer (pid %d); it cleans up what it created", proc.pid)
+        proc.send_signal(signal.SIGINT)
+    killer = threading.Timer(CLEANUP_TIMEOUT_S, proc.kill)
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            log.write(raw)
+        status = proc.wait()
+    finally:
+        killer.cancel()
+    if status == -signal.SIGKILL:
+        log.write(f"gpuforge: killed packer after {CLEANUP_TIMEOUT_S:.0f} s of cleanup\n")
+    log.flush()
 
 
 def _only(only: Sequence[str]) -> list[str]:
