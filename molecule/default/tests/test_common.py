@@ -15,12 +15,27 @@ def test_manifest_matches_versions_yml(host):
     """manifest.json carries every pin and the same hash the AMI tags carry."""
     manifest_file = host.file("/etc/gpuforge/manifest.json")
     assert manifest_file.exists
-    assert manifest_file.user == "root"
-    assert manifest_file.mode == 0o644
     manifest = json.loads(manifest_file.content_string)
     expected = versions.load()
     assert manifest["components"] == expected.components
     assert manifest["versions_hash"] == expected.digest
+
+
+@pytest.mark.parametrize(
+    ("path", "is_dir", "mode"),
+    [
+        ("/etc/gpuforge", True, 0o755),
+        ("/etc/gpuforge/manifest.json", False, 0o644),
+        ("/etc/gpuforge/hardware.json", False, 0o644),
+    ],
+)
+def test_gpuforge_files_are_root_owned_and_not_writable_by_others(host, path, is_dir, mode):
+    """The records other roles and the drift report trust: root:root with the mode the role sets
+    (roles/gpuforge_common/tasks/manifest.yml), so no other user can change what they claim."""
+    managed = host.file(path)
+    assert managed.is_directory if is_dir else managed.is_file
+    assert (managed.user, managed.group) == ("root", "root")
+    assert managed.mode == mode
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ TOOLKIT_PACKAGES = [
 
 def _report(host, name: str) -> dict:
     report = host.file(f"/etc/gpuforge/reports/{name}.json")
-    assert report.exists and report.user == "root" and report.mode == 0o644
+    assert report.exists and (report.user, report.group) == ("root", "root") and report.mode == 0o644
     return json.loads(report.content_string)
 
 
@@ -113,10 +113,10 @@ def test_driver_report_says_hardware_checks_skipped(host, instance_type, fabricm
 def test_repositories_trust_only_the_pinned_key(host, repo):
     """Each NVIDIA source is deb822 with Signed-By a key whose fingerprint is the pinned one."""
     source = host.file(f"/etc/apt/sources.list.d/{repo}.sources")
-    assert source.exists and source.mode == 0o644
+    assert source.exists and (source.user, source.group) == ("root", "root") and source.mode == 0o644
     assert f"Signed-By: /etc/apt/keyrings/{repo}.asc" in source.content_string
     key = host.file(f"/etc/apt/keyrings/{repo}.asc")
-    assert key.user == "root" and key.mode == 0o644
+    assert (key.user, key.group) == ("root", "root") and key.mode == 0o644
     with host.sudo():
         colons = host.check_output(
             f"gpg --batch --homedir /var/cache/gpuforge/gnupg --with-colons --import-options show-only "
@@ -124,6 +124,35 @@ def test_repositories_trust_only_the_pinned_key(host, repo):
         )
     fprs = [line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:")]
     assert fprs[0] == FIXTURE_FPR
+
+
+@pytest.mark.parametrize(
+    ("path", "mode"),
+    [
+        # Downloaded keys wait here until their fingerprint matched the pin; apt never reads them.
+        ("/var/cache/gpuforge/apt-keys", 0o755),
+        # gpg's home for reading fingerprints: private, as gpg itself requires of a homedir.
+        ("/var/cache/gpuforge/gnupg", 0o700),
+        ("/etc/gpuforge/reports", 0o755),
+        ("/etc/dcgm-exporter", 0o755),
+    ],
+)
+def test_directories_the_roles_create(host, path, mode):
+    """Key staging, gpg home, reports and exporter config: root:root with the roles' modes."""
+    with host.sudo():
+        directory = host.file(path)
+        assert directory.is_directory
+        assert (directory.user, directory.group) == ("root", "root")
+        assert directory.mode == mode
+
+
+@pytest.mark.parametrize("repo", ["nvidia-cuda", "nvidia-container-toolkit"])
+def test_staged_signing_keys(host, repo):
+    """The staged copy of each signing key is root-owned and not writable by others."""
+    staged = host.file(f"/var/cache/gpuforge/apt-keys/{repo}.asc")
+    assert staged.is_file
+    assert (staged.user, staged.group) == ("root", "root")
+    assert staged.mode == 0o644
 
 
 @pytest.mark.parametrize("package", TOOLKIT_PACKAGES)
@@ -157,7 +186,7 @@ def test_dcgm_pinned_held_enabled(host):
 def test_dcgm_exporter_binary_is_the_verified_artifact(host):
     """The exporter binary is the artifact whose sha256 the role verified, root-owned and executable."""
     binary = host.file("/usr/local/bin/dcgm-exporter")
-    assert binary.user == "root" and binary.mode == 0o755
+    assert (binary.user, binary.group) == ("root", "root") and binary.mode == 0o755
     fixture = SCENARIO / "files" / "dcgm-exporter-fixture"
     assert binary.sha256sum == hashlib.sha256(fixture.read_bytes()).hexdigest()
 
@@ -165,7 +194,7 @@ def test_dcgm_exporter_binary_is_the_verified_artifact(host):
 def test_dcgm_exporter_unit(host):
     """The unit serves :9400 with the managed collectors file, is valid, enabled and not started."""
     unit = host.file("/etc/systemd/system/dcgm-exporter.service")
-    assert unit.mode == 0o644
+    assert (unit.user, unit.group) == ("root", "root") and unit.mode == 0o644
     text = unit.content_string
     assert "--address :9400" in text
     assert "--collectors /etc/dcgm-exporter/default-counters.csv" in text
@@ -179,7 +208,7 @@ def test_dcgm_exporter_unit(host):
 def test_dcgm_collectors_file_is_well_formed(host):
     """Every collector line is 'DCGM_FI_* , gauge|counter, help'."""
     csv = host.file("/etc/dcgm-exporter/default-counters.csv")
-    assert csv.mode == 0o644
+    assert (csv.user, csv.group) == ("root", "root") and csv.mode == 0o644
     rows = [line for line in csv.content_string.splitlines() if line.strip() and not line.startswith("#")]
     assert rows
     for row in rows:

@@ -43,9 +43,59 @@ def test_munge_key_is_private(host):
     """The munge key belongs to munge and only it can read it."""
     with host.sudo():
         key = host.file("/etc/munge/munge.key")
-        assert key.user == "munge"
+        assert (key.user, key.group) == ("munge", "munge")
         assert key.mode == 0o400
         assert key.size >= 32
+
+
+# (path, owner and group, mode) as roles/slurm/tasks/configure_plain.yml, roles/health and
+# roles/nccl_tuning write them. Configuration is readable by all (slurmd and job steps read it) and
+# writable only by root; scripts Slurm runs as root are root's alone to change.
+MANAGED_FILES = [
+    ("/etc/slurm/slurm.conf", "root", 0o644),
+    ("/etc/slurm/cgroup.conf", "root", 0o644),
+    ("/etc/slurm/gres.conf", "root", 0o644),
+    ("/etc/slurm/prolog.sh", "root", 0o755),
+    ("/etc/slurm/epilog.sh", "root", 0o755),
+    ("/etc/slurm/task_prolog.sh", "root", 0o755),
+    ("/etc/slurm/prolog.d/50-gpuforge-health", "root", 0o755),
+    ("/etc/slurm/epilog.d/50-gpuforge-health", "root", 0o755),
+    ("/usr/local/sbin/gpuforge-health", "root", 0o755),
+    ("/etc/gpuforge/health.json", "root", 0o644),
+    ("/etc/gpuforge/nccl.env", "root", 0o644),
+    ("/etc/nccl.conf", "root", 0o644),
+    ("/etc/profile.d/gpuforge-nccl.sh", "root", 0o644),
+]
+
+
+@pytest.mark.parametrize(("path", "owner", "mode"), MANAGED_FILES, ids=[f[0] for f in MANAGED_FILES])
+def test_managed_files_owner_and_mode(host, path, owner, mode):
+    """Every file the Slurm, health and NCCL tuning roles write has the owner and mode they set."""
+    managed = host.file(path)
+    assert managed.is_file
+    assert (managed.user, managed.group) == (owner, owner)
+    assert managed.mode == mode
+
+
+@pytest.mark.parametrize(
+    ("path", "group", "owner"),
+    [
+        ("/etc/slurm", None, "root"),
+        ("/etc/slurm/prolog.d", None, "root"),
+        ("/etc/slurm/epilog.d", None, "root"),
+        ("/var/log/slurm", None, "slurm"),
+        ("/var/lib/slurm/slurmctld", "head_node", "slurm"),
+        ("/var/lib/slurm/slurmd", "compute", "root"),
+    ],
+)
+def test_slurm_directories_owner_and_mode(host, path, group, owner):
+    """Slurm's directories: 0755, owned by root except where the slurm user writes (logs, state)."""
+    if group is not None and group not in groups(host):
+        pytest.skip(f"{path} is on {group} nodes")
+    directory = host.file(path)
+    assert directory.is_directory
+    assert (directory.user, directory.group) == (owner, owner)
+    assert directory.mode == 0o755
 
 
 def test_sinfo_shows_both_compute_nodes_idle(head):
@@ -90,7 +140,6 @@ def test_health_hooks_installed(compute):
     """The health checks run as Slurm prolog and epilog."""
     for mode in ("prolog", "epilog"):
         hook = compute.file(f"/etc/slurm/{mode}.d/50-gpuforge-health")
-        assert hook.mode == 0o755
         assert f"--mode {mode}" in hook.content_string
     result = compute.run("/usr/local/sbin/gpuforge-health --mode prolog")
     assert result.rc == 0

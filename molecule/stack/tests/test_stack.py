@@ -49,6 +49,9 @@ def test_efa_scratch_directory_was_removed(host):
         "/etc/sysctl.d/99-gpuforge-efa.conf",
         "/etc/security/limits.d/99-gpuforge-efa.conf",
         "/etc/ld.so.conf.d/gpuforge-nccl.conf",
+        "/etc/ld.so.conf.d/gpuforge-aws-ofi-nccl.conf",
+        # The hash-pinned requirement pip installed NCCL from (Debian: the wheel method).
+        "/opt/gpuforge/nccl/requirements.txt",
         "/etc/gpuforge/aws_ofi_nccl.json",
         "/etc/gpuforge/pytorch.json",
         "/opt/amazon/efa_installed_packages",
@@ -61,6 +64,15 @@ def test_managed_files_are_root_owned_0644(host, path):
     assert managed.user == "root"
     assert managed.group == "root"
     assert managed.mode == 0o644
+
+
+@pytest.mark.parametrize("path", ["/etc/gpuforge", "/opt/gpuforge/nccl", "/opt/gpuforge/nccl/lib"])
+def test_managed_directories_are_root_owned_0755(host, path):
+    """Directories the linker and the records live in: nobody but root may add files to them."""
+    directory = host.file(path)
+    assert directory.is_directory
+    assert (directory.user, directory.group) == ("root", "root")
+    assert directory.mode == 0o755
 
 
 def test_ptrace_scope_persisted_and_live_value(host):
