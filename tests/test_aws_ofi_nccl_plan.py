@@ -9,6 +9,7 @@ manifest off and IMDS off: nothing on the control host changes and no request le
 
 from __future__ import annotations
 
+import json
 import platform
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from gpuforge import versions
 from gpuforge.artifacts import fixtures
-from localplay import record, run_cases
+from localplay import REPO, record, run_cases
 
 PIN = versions.load().version("aws_ofi_nccl")
 ARCH_LIB = f"lib/{platform.machine()}-linux-gnu"
@@ -119,3 +120,86 @@ def test_plugin_source_decision(outcomes: dict[str, Any], case: str) -> None:
         "bundled_version": bundled_version,
         "lib_dir": str(prefix / lib_dir) if lib_dir else "",
     }
+
+
+# Where nccl_tuning then finds the plugin: the record the aws_ofi_nccl role wrote names a plugin it
+# built (any build prefix), else the EFA installer's bundle. The role's own probe.yml runs as shipped.
+# case -> (record the aws_ofi_nccl role left, or None; library under the built lib_dir; bundled library)
+FIND_CASES: dict[str, tuple[dict[str, str] | None, str | None, str | None]] = {
+    "built-recorded": ({"source": "built", "lib_dir": "built/lib"}, "libnccl-net.so", None),
+    "built-1.14-name": ({"source": "built", "lib_dir": "built/lib"}, "libnccl-net-ofi.so", None),
+    "built-wins-over-bundle": (
+        {"source": "built", "lib_dir": "built/lib"},
+        "libnccl-net.so",
+        "lib/libnccl-net.so",
+    ),
+    "bundled-no-record": (None, None, "lib/libnccl-net-ofi.so"),
+    "skipped-nothing-found": ({"source": "skipped", "lib_dir": ""}, None, None),
+}
+BUILT_VERSION = "1.13.2"
+
+
+@pytest.fixture(scope="module")
+def found(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("needs a C compiler for the stand-in plugin")
+    root = tmp_path_factory.mktemp("ofi-find")
+    work = tmp_path_factory.mktemp("ofi-find-plugin")
+    plugins = {v: fixtures.standin_plugin(v, work) for v in {PIN, BUILT_VERSION}}
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for case, (record_data, built_lib, bundled_lib) in FIND_CASES.items():
+        base = root / case
+        (base / "etc").mkdir(parents=True)
+        if record_data is not None:
+            lib_dir = str(base / record_data["lib_dir"]) if record_data["lib_dir"] else ""
+            (base / "etc/aws_ofi_nccl.json").write_text(
+                json.dumps({**record_data, "lib_dir": lib_dir, "version": BUILT_VERSION})
+            )
+        if built_lib is not None:
+            (base / "built/lib").mkdir(parents=True)
+            (base / "built/lib" / built_lib).write_bytes(plugins[BUILT_VERSION])
+        if bundled_lib is not None:
+            (base / "bundle" / bundled_lib).parent.mkdir(parents=True)
+            (base / "bundle" / bundled_lib).write_bytes(plugins[PIN])
+        cases[case] = [
+            {
+                "ansible.builtin.include_tasks": str(REPO / "roles/nccl_tuning/tasks/probe.yml"),
+                "vars": {
+                    "gpuforge_ofi_nccl_record": str(base / "etc/aws_ofi_nccl.json"),
+                    "gpuforge_ofi_nccl_bundled_prefix": str(base / "bundle"),
+                    "gpuforge_ofi_nccl_bundled_libs": [
+                        "lib/x86_64-linux-gnu/libnccl-net.so",
+                        "lib/libnccl-net.so",
+                        "lib/libnccl-net-ofi.so",
+                    ],
+                    "_nccl_tuning_fi_info_paths": [str(base / "no-fi_info")],
+                    "nccl_tuning_aws_ofi_nccl_version": PIN,
+                    "nccl_tuning_libfabric_version": "",
+                },
+            },
+            record(
+                case,
+                {
+                    "version": "{{ _nccl_tuning_versions.aws_ofi_nccl | trim }}",
+                    "installed": "{{ _nccl_tuning_versions.aws_ofi_nccl_installed }}",
+                },
+            ),
+        ]
+    return run_cases(tmp_path_factory.mktemp("ofi-find-play"), cases, {"gpuforge_common_imds_enabled": False})
+
+
+@pytest.mark.parametrize(
+    ("case", "version", "installed"),
+    [
+        ("built-recorded", BUILT_VERSION, True),
+        ("built-1.14-name", BUILT_VERSION, True),
+        ("built-wins-over-bundle", BUILT_VERSION, True),
+        ("bundled-no-record", PIN, True),
+        # Nothing installed: the settings are checked against the pin, and the report says so.
+        ("skipped-nothing-found", PIN, False),
+    ],
+)
+def test_nccl_tuning_finds_the_recorded_plugin(
+    found: dict[str, Any], case: str, version: str, installed: bool
+) -> None:
+    assert found[case] == {"version": version, "installed": installed}
