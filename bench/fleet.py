@@ -19,7 +19,6 @@ Run (as root; labs bench1, bench4, bench16):
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import tempfile
@@ -44,13 +43,7 @@ interpreter_python = auto_silent
 [inventory]
 enable_plugins = amazon.aws.aws_ec2
 """
-RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
-
-
-def recap(stdout: str) -> tuple[int, int, int]:
-    """(hosts, total changed, total failed+unreachable) from a PLAY RECAP."""
-    rows = RECAP.findall(stdout)
-    return len(rows), sum(int(r[2]) for r in rows), sum(int(r[3]) + int(r[4]) for r in rows)
+SITE_VARS = ["-e", f"@{labrun.FIXTURE_VARS}"]
 
 
 def configs(tmp: Path, mitogen: Path | None) -> dict[str, dict[str, str]]:
@@ -76,18 +69,20 @@ def measure(nodes: int, name: str, env: dict[str, str], playbook: Path) -> list[
         run_env = {**lab.env(), **env}
         # The inventory is not what is measured here: fill its cache once (the ping warms it too).
         run_timed([str(BIN / "ansible-inventory"), "--list", "--flush-cache"], env=run_env, cwd=REPO)
+        # The lab's stand-ins for NVIDIA's repositories (untimed: a real node reaches the real ones).
+        labrun.prepare_fixtures(run_env)
         ping, out = run_timed(
             [str(BIN / "ansible"), "all", "-m", "ansible.builtin.ping"], env=run_env, cwd=REPO
         )
         pinged = out.stdout.count("SUCCESS")
         first, out1 = run_timed(
-            [str(BIN / "ansible-playbook"), str(playbook)], env=run_env, cwd=REPO, check=False
+            [str(BIN / "ansible-playbook"), str(playbook), *SITE_VARS], env=run_env, cwd=REPO, check=False
         )
-        hosts1, changed1, bad1 = recap(out1.stdout)
+        hosts1, changed1, bad1 = labrun.recap_totals(out1.stdout)
         rerun, out2 = run_timed(
-            [str(BIN / "ansible-playbook"), str(playbook)], env=run_env, cwd=REPO, check=False
+            [str(BIN / "ansible-playbook"), str(playbook), *SITE_VARS], env=run_env, cwd=REPO, check=False
         )
-        hosts2, changed2, bad2 = recap(out2.stdout)
+        hosts2, changed2, bad2 = labrun.recap_totals(out2.stdout)
         for result in (out1, out2):
             if result.returncode != 0:
                 print(

@@ -7,10 +7,13 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
-from gpuforge.lab import core as lab_core
+import labtools
+from gpuforge import aws as gpuforge_aws
 from gpuforge.lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,12 +43,6 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mo
     yield moto_server
 
 
-def _gpuforge(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["gpuforge", *args], capture_output=True, text=True, check=False, cwd=REPO, timeout=600
-    )
-
-
 @pytest.fixture(scope="session")
 def fleet_lab() -> Iterator[dict[str, str]]:
     """A 2-host lab with emulated EC2, shared by the tests that run playbooks on a fleet.
@@ -54,23 +51,8 @@ def fleet_lab() -> Iterator[dict[str, str]]:
     """
     if os.geteuid() != 0 or not shutil.which("systemd-nspawn"):
         pytest.skip("the lab needs root and systemd-nspawn (apt-get install systemd-container)")
-    _gpuforge("lab", "down", "--name", FLEET_LAB)
-    up = _gpuforge("lab", "up", "--name", FLEET_LAB, "--nodes", "2", "--moto-port", str(free_port()))
-    assert up.returncode == 0, up.stderr
-    yield lab_core.env_exports(FLEET_LAB)
-    _gpuforge("lab", "down", "--name", FLEET_LAB)
-
-
-def _run_playbook(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["ansible-playbook", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0"},
-        timeout=1200,
-    )
+    with labtools.lab(FLEET_LAB, 2) as info:
+        yield info["env"]
 
 
 PlaybookRunner = Callable[..., subprocess.CompletedProcess[str]]
@@ -79,4 +61,22 @@ PlaybookRunner = Callable[..., subprocess.CompletedProcess[str]]
 @pytest.fixture(scope="session")
 def run_playbook() -> PlaybookRunner:
     """run_playbook(env, *args): ansible-playbook from the repository root against a lab environment."""
-    return _run_playbook
+    return labtools.playbook
+
+
+@pytest.fixture
+def imdsv2_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EC2 refuses ModifyInstanceMetadataOptions (as for a role without ec2:ModifyInstanceMetadataOptions)."""
+    original = gpuforge_aws.client
+
+    def denying_client(service: str, region_name: str | None = None) -> Any:
+        client = original(service, region_name)
+
+        def deny(**_: Any) -> None:
+            error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this"}
+            raise ClientError({"Error": error}, "ModifyInstanceMetadataOptions")
+
+        client.meta.events.register("before-call.ec2.ModifyInstanceMetadataOptions", deny)
+        return client
+
+    monkeypatch.setattr(gpuforge_aws, "client", denying_client)

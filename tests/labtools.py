@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gpuforge.bench import labrun
 from gpuforge.lab import core as lab_core
 from gpuforge.lab.moto import free_port
 
@@ -34,11 +34,8 @@ LAB_MARKS = [
     ),
 ]
 
-RECAP = re.compile(
-    r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)\s+"
-    r"failed=(?P<failed>\d+)",
-    re.MULTILINE,
-)
+# One PLAY RECAP parser for tests and benchmarks.
+recap = labrun.recap
 
 
 def gpuforge(
@@ -106,11 +103,3 @@ def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subproce
         env={**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"},
         timeout=timeout,
     )
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP counters per host."""
-    return {
-        m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
-        for m in RECAP.finditer(output)
-    }

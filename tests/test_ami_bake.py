@@ -20,7 +20,6 @@ from typing import Any
 
 import boto3
 import pytest
-from botocore.exceptions import ClientError
 
 from gpuforge import aws, cli, versions
 from gpuforge.ami import bake, images, publish
@@ -253,23 +252,10 @@ def test_bake_stops_when_the_builder_cannot_be_made_imdsv2_only(
     dlami_base: str,
     fake_packer: Path,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    imdsv2_refused: None,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A refused ModifyInstanceMetadataOptions stops Packer before provisioning; nothing is registered."""
-    original = aws.client
-
-    def denying_client(service: str, region_name: str | None = None) -> Any:
-        client = original(service, region_name)
-
-        def deny(**_: Any) -> None:
-            error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this"}
-            raise ClientError({"Error": error}, "ModifyInstanceMetadataOptions")
-
-        client.meta.events.register("before-call.ec2.ModifyInstanceMetadataOptions", deny)
-        return client
-
-    monkeypatch.setattr(aws, "client", denying_client)
     work = tmp_path / "work"
     code = cli.main(["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(work)])
     assert code == ExternalError.exit_code

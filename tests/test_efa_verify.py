@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+import labtools
 from gpuforge import versions
 from gpuforge.artifacts import fixtures, server
+from labtools import gpuforge
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "t-efa"
@@ -43,25 +45,10 @@ SNAPSHOT = (
 )
 
 
-def gpuforge(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuforge.cli", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=300,
-    )
-
-
 @pytest.fixture(scope="module")
 def lab() -> Iterator[dict[str, Any]]:
-    gpuforge("lab", "down", "--name", LAB)
-    up = gpuforge("lab", "up", "--name", LAB, "--nodes", "1", "--no-ec2", "--json")
-    assert up.returncode == 0, up.stderr
-    info: dict[str, Any] = json.loads(up.stdout)
-    yield info
-    gpuforge("lab", "down", "--name", LAB)
+    with labtools.lab(LAB, 1, ec2=False) as info:
+        yield info
 
 
 @pytest.fixture(scope="module")

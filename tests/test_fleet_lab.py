@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import secrets
-import shutil
 import subprocess
 from collections.abc import Iterator
 from datetime import datetime
@@ -22,68 +20,24 @@ from typing import Any
 import boto3
 import pytest
 
-from gpuforge.lab.moto import free_port
+import labtools
+from gpuforge.lab import core as lab_core
+from gpuforge.lab.host import ssh_options
+from labtools import LAB_MARKS, REPO, gpuforge, lab_up, recap
 
-REPO = Path(__file__).resolve().parents[1]
 LAB = "fleet"
 SITE = "playbooks/fleet.yml"
 
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
-        reason="the lab needs root and systemd-nspawn (apt-get install systemd-container)",
-    ),
-]
-
-
-def gpuforge(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(REPO / ".venv" / "bin" / "gpuforge"), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=600,
-    )
+pytestmark = [*LAB_MARKS, pytest.mark.slow]
 
 
 def on(host: str, command: str, check: bool = True) -> str:
-    """Run a shell command on a lab host as root; its stdout."""
-    out = gpuforge("lab", "ssh", "--name", LAB, host, "--", "sudo", "sh", "-c", _quote(command))
-    if check:
-        assert out.returncode == 0, f"{host}: {command}: {out.stderr}{out.stdout}"
-    return out.stdout
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
+    """Run a shell command on a host of this module's lab as root; its stdout."""
+    return labtools.on(LAB, host, command, check=check)
 
 
 def playbook(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "--flush-cache", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        env={
-            **os.environ,
-            **env,
-            "ANSIBLE_FORCE_COLOR": "0",
-            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}",
-        },
-        timeout=1500,
-    )
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP counters per host."""
-    stats = {}
-    for host, counters in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.MULTILINE):
-        stats[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counters)}
-    return stats
+    return labtools.playbook(env, "--flush-cache", *args)
 
 
 def job(head: str, job_id: str) -> dict[str, str]:
@@ -94,15 +48,8 @@ def job(head: str, job_id: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, Any]]:
     """The lab, its environment, and the cluster brought up by the fleet roles."""
-    gpuforge("lab", "down", "--name", LAB)
-    up = gpuforge("lab", "up", "--name", LAB, "--nodes", "3", "--moto-port", str(free_port()), "--json")
-    assert up.returncode == 0, up.stderr
-    info = json.loads(up.stdout)
-    pairs = (
-        line.removeprefix("export ").split("=", 1)
-        for line in gpuforge("lab", "env", "--name", LAB).stdout.splitlines()
-    )
-    env = {key: value.strip("'") for key, value in pairs}
+    info = lab_up(LAB, 3)
+    env = lab_core.env_exports(LAB)
     # The munge key lives in SSM Parameter Store (moto here), where the slurm role reads it.
     key = base64.b64encode(secrets.token_bytes(96)).decode()
     ssm = boto3.client(
@@ -235,16 +182,7 @@ def test_on_node_configured_pulls_the_repository(cluster: dict[str, Any], tmp_pa
     subprocess.run(
         ["git", "-C", str(REPO), "bundle", "create", str(bundle), ref], check=True, capture_output=True
     )
-    ssh = [
-        "-i",
-        cluster["info"]["ssh_key"],
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
-        "-o",
-        "LogLevel=ERROR",
-    ]
+    ssh = ssh_options(cluster["info"]["ssh_key"], connect_timeout=10)
     files = [str(bundle), str(REPO / "scripts" / "pcluster" / "on_node_configured.sh")]
     # The lab's HTTPS path to PyPI goes through this machine's proxy: trust this machine's CAs there.
     ca = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -7,54 +7,41 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuforge.lab import core as lab_core
 from gpuforge.lab import state
-from gpuforge.lab.moto import free_port
+from labtools import LAB_MARKS, REPO, gpuforge, lab_up
 
-REPO = Path(__file__).resolve().parents[1]
 LAB = "itest"
 
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
-        reason="the lab needs root and systemd-nspawn (apt-get install systemd-container)",
-    ),
-]
-
-
-def gpuforge(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["gpuforge", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
+pytestmark = LAB_MARKS
 
 
 def lab_env() -> dict[str, str]:
-    out = gpuforge("lab", "env", "--name", LAB)
-    assert out.returncode == 0, out.stderr
-    pairs = (line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
-    return {k: v.strip("'") for k, v in pairs}
+    """What `eval "$(gpuforge lab env)"` sets in a shell: the command's output, used as users use it."""
+    out = subprocess.run(
+        ["bash", "-c", f'eval "$({sys.executable} -m gpuforge.cli lab env --name {LAB})" && env -0'],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"]},
+    )
+    exported = dict(item.split("=", 1) for item in out.stdout.split("\0") if "=" in item)
+    expected = lab_core.env_exports(LAB)
+    assert {k: exported.get(k) for k in expected} == expected
+    return expected
 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[dict[str, object]]:
-    gpuforge("lab", "down", "--name", LAB)
-    port = free_port()
-    up = gpuforge("lab", "up", "--name", LAB, "--nodes", "3", "--moto-port", str(port), "--json")
-    assert up.returncode == 0, up.stderr
-    info: dict[str, object] = json.loads(up.stdout)
+    info = lab_up(LAB, 3)
     yield info
     gpuforge("lab", "down", "--name", LAB)
 

@@ -22,9 +22,7 @@ from typing import Any
 
 import boto3
 import pytest
-from botocore.exceptions import ClientError
 
-from gpuforge import aws
 from gpuforge.ami.bake import AWS_SOURCE, BuilderImds
 from gpuforge.ami.packer import MODERN_MIN, MachineLine, Packer, launched_instance, write_var_file
 from gpuforge.errors import ExternalError
@@ -165,22 +163,9 @@ def test_real_packer_builder_is_made_imdsv2_only(probe: tuple[Packer, Path, Path
 @pytest.mark.slow
 @needs_packer_1_6
 def test_real_packer_is_stopped_and_cleans_up_when_imdsv2_fails(
-    probe: tuple[Packer, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    probe: tuple[Packer, Path, Path], tmp_path: Path, imdsv2_refused: None
 ) -> None:
     """A refused ModifyInstanceMetadataOptions interrupts Packer, which still removes what it created."""
-    original = aws.client
-
-    def denying_client(service: str, region_name: str | None = None) -> Any:
-        client = original(service, region_name)
-
-        def deny(**_: Any) -> None:
-            error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this"}
-            raise ClientError({"Error": error}, "ModifyInstanceMetadataOptions")
-
-        client.meta.events.register("before-call.ec2.ModifyInstanceMetadataOptions", deny)
-        return client
-
-    monkeypatch.setattr(aws, "client", denying_client)
     packer, template, var_file = probe
     log = tmp_path / "packer.log"
     with pytest.raises(ExternalError, match=r"cannot require IMDSv2 on builder instance i-[0-9a-f]+"):

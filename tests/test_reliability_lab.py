@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
+import labtools
 from gpuforge.bench import labrun
+from labtools import recap
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -41,11 +43,6 @@ EFA_PACKAGES_PLAY = """\
         efa_sysctl_enabled: false
         efa_limits_enabled: false
 """.format(zeros="0" * 64)
-RECAP = re.compile(
-    r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)\s+"
-    r"failed=(?P<failed>\d+)",
-    re.M,
-)
 # Holds apt's frontend lock the way apt itself takes it (an fcntl write lock) for argv[1]
 # seconds; it records its pid in /run/gpuforge-lock-held once it holds the lock.
 HOLD_LOCK = (
@@ -115,23 +112,8 @@ def names(env: dict[str, str]) -> dict[str, str]:
     return {str(ip["__ansible_unsafe"] if isinstance(ip, dict) else ip): k for k, ip in ips.items()}
 
 
-def recap(stdout: str) -> dict[str, dict[str, int]]:
-    return {
-        m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
-        for m in RECAP.finditer(stdout)
-    }
-
-
 def playbook(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "ansible-playbook"), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, **env},
-        timeout=timeout,
-    )
+    return labtools.playbook(env, *args, timeout=timeout)
 
 
 # A playbook of real work on every host that reruns quickly (gpuforge_common); the full stack's

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,11 +20,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuforge import paths
 from gpuforge.errors import ExternalError, UserError
+from gpuforge.lab import core as lab_core
 from gpuforge.lab import host, state, system
 from gpuforge.lab.moto import free_port
 
 BIN = Path(sys.executable).parent
+
+_RECAP = re.compile(
+    r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)\s+"
+    r"failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """An ansible-playbook PLAY RECAP: per host, its ok/changed/unreachable/failed counters."""
+    return {
+        m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
+        for m in _RECAP.finditer(output)
+    }
+
+
+def recap_totals(output: str) -> tuple[int, int, int]:
+    """(hosts, changed tasks, failed + unreachable) summed over a PLAY RECAP."""
+    stats = recap(output).values()
+    return len(stats), sum(s["changed"] for s in stats), sum(s["unreachable"] + s["failed"] for s in stats)
 
 
 def gpuforge(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -43,15 +66,8 @@ class Lab:
         return hosts
 
     def env(self) -> dict[str, str]:
-        """The exports of `gpuforge lab env`, as a dict."""
-        out = gpuforge("lab", "env", "--name", self.name)
-        if out.returncode != 0:
-            raise ExternalError(out.stderr.strip())
-        env: dict[str, str] = {}
-        for line in out.stdout.splitlines():
-            key, _, value = line.removeprefix("export ").partition("=")
-            env[key] = value.strip("'")
-        return env
+        """What `gpuforge lab env` exports, as a dict."""
+        return lab_core.env_exports(self.name)
 
     def ssh(self, host_name: str, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -63,22 +79,46 @@ class Lab:
         )
 
 
-def up(name: str, nodes: int, attempts: int = 2) -> Lab:
+def up(name: str, nodes: int, attempts: int = 2, image: str | None = None) -> Lab:
     """A fresh lab (an old one of the same name is taken down first) with moto on a free port.
 
     On a loaded machine a host occasionally fails to boot; `lab up` then tears everything down,
-    so trying once more is safe.
+    so trying once more is safe. `image` boots the hosts from a lab image (`gpuforge lab image`).
     """
     error = ""
     for _ in range(attempts):
         gpuforge("lab", "down", "--name", name)
         port = str(free_port())
-        out = gpuforge("lab", "up", "--name", name, "--nodes", str(nodes), "--moto-port", port, "--json")
+        args = ["lab", "up", "--name", name, "--nodes", str(nodes), "--moto-port", port, "--json"]
+        out = gpuforge(*args, *(["--image", image] if image else []))
         if out.returncode == 0:
             return Lab(name=name, info=json.loads(out.stdout))
         error = out.stderr.strip()
         print(f"gpuforge lab up --name {name} failed, retrying: {error}", file=sys.stderr)
     raise ExternalError(f"gpuforge lab up --name {name} failed {attempts} times: {error}")
+
+
+# The lab cannot reach NVIDIA's repositories: this playbook builds signed TEST-FIXTURE stand-ins on
+# the hosts, and FIXTURE_VARS points the NVIDIA roles at them (`make demo` does the same). The EFA
+# and PyTorch stand-ins come from the lab's artifact server through inventory/group_vars.
+FIXTURE_PLAYBOOK = "molecule/nvidia/prepare.yml"
+FIXTURE_VARS = "molecule/nvidia/vars/fixtures.yml"
+
+
+def prepare_fixtures(env: dict[str, str]) -> None:
+    """Build the NVIDIA test-fixture repositories on every host of the lab `env` points at."""
+    root = paths.repo_root()
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), FIXTURE_PLAYBOOK],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=root,
+        env={**os.environ, **env},
+        timeout=1800,
+    )
+    if result.returncode != 0:
+        raise ExternalError(f"{FIXTURE_PLAYBOOK} failed:\n{result.stdout[-3000:]}")
 
 
 def down(name: str) -> None:

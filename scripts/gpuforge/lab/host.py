@@ -146,11 +146,11 @@ def boot(lab: LabState, host: HostState, root: Path) -> int:
     return proc.pid
 
 
-def ssh_command(lab: LabState, host: HostState, *remote: str, connect_timeout: int = 2) -> list[str]:
+def ssh_options(key: str, connect_timeout: int = 2) -> list[str]:
+    """ssh/scp options for lab hosts: the lab's key, no prompts, no known_hosts (hosts are throwaway)."""
     return [
-        "ssh",
         "-i",
-        lab.ssh_key,
+        key,
         "-o",
         "BatchMode=yes",
         "-o",
@@ -161,9 +161,11 @@ def ssh_command(lab: LabState, host: HostState, *remote: str, connect_timeout: i
         "LogLevel=ERROR",
         "-o",
         f"ConnectTimeout={connect_timeout}",
-        f"{lab.ssh_user}@{host.ip}",
-        *remote,
     ]
+
+
+def ssh_command(lab: LabState, host: HostState, *remote: str, connect_timeout: int = 2) -> list[str]:
+    return ["ssh", *ssh_options(lab.ssh_key, connect_timeout), f"{lab.ssh_user}@{host.ip}", *remote]
 
 
 def ssh_ok(lab: LabState, host: HostState) -> bool:
