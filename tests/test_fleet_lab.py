@@ -229,3 +229,24 @@ def test_parallelcluster_mode_only_adds_scripts(cluster: dict[str, Any]) -> None
     for mode in ("prolog", "epilog"):
         assert f"--mode {mode}" in on(node, f"cat /opt/slurm/etc/scripts/{mode}.d/50-gpuforge-health")
     on(node, "rmdir /opt/parallelcluster")
+
+
+def test_a_head_node_alone_runs_slurmctld_and_queues_jobs() -> None:
+    """Before any compute node exists, the fleet roles still converge: slurmctld answers, jobs queue.
+
+    Slurm refuses to start without a node and a partition; the role then defines a FUTURE placeholder.
+    """
+    name = "solo"
+    with labtools.lab(name, 1) as info:
+        head = info["hosts"][0]["name"]
+        first = playbook(info["env"], SITE)
+        assert first.returncode == 0, first.stdout[-4000:]
+        assert labtools.on(name, head, "scontrol ping").split()[-1] == "UP"
+        job_id = labtools.on(name, head, "sbatch --parsable --wrap true").strip()
+        state = labtools.on(name, head, f"squeue -h -j {job_id} -o %T").strip()
+        assert state == "PENDING"
+        again = playbook(info["env"], SITE)
+        assert again.returncode == 0, again.stdout[-4000:]
+        assert {host: s["changed"] for host, s in recap(again.stdout).items()} == {
+            host: 0 for host in recap(again.stdout)
+        }
