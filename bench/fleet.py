@@ -12,13 +12,18 @@ site.yml again (the idempotent rerun, which must report changed=0). Configuratio
   when asked for.
 
 Every configuration gets its own empty fact cache, so nothing measured leans on an earlier run.
-Run (as root; labs bench1, bench4, bench16):
-  .venv/bin/python bench/fleet.py --nodes 1 4 16 [--mitogen /tmp/mitogen]
+Hosts start from plain Debian 12 (site.yml installs the whole stack), or with --golden from a
+golden image baked once at the start (`gpuforge bake --local --save-image`; not part of the
+figures, bench/readiness.py times it): the production shape, where ParallelCluster starts every
+node from the golden AMI and site.yml then configures it.
+Run (as root; labs bench1, bench4, bench16, bench-bake):
+  .venv/bin/python bench/fleet.py --nodes 1 4 16 [--golden] [--mitogen /tmp/mitogen]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -63,8 +68,8 @@ def configs(tmp: Path, mitogen: Path | None) -> dict[str, dict[str, str]]:
     return out
 
 
-def measure(nodes: int, name: str, env: dict[str, str], playbook: Path) -> list[object]:
-    lab = labrun.up(f"bench{nodes}", nodes)
+def measure(nodes: int, name: str, env: dict[str, str], playbook: Path, image: str | None) -> list[object]:
+    lab = labrun.up(f"bench{nodes}", nodes, image=image)
     try:
         run_env = {**lab.env(), **env}
         # The inventory is not what is measured here: fill its cache once (the ping warms it too).
@@ -95,6 +100,19 @@ def measure(nodes: int, name: str, env: dict[str, str], playbook: Path) -> list[
     return [nodes, name, ping, first, rerun, changed1, changed2, ok]
 
 
+def measure_row(
+    nodes: int, name: str, env: dict[str, str], tmp: Path, playbook: Path, image: str | None
+) -> list[object]:
+    facts = tmp / f"facts-{name}-{nodes}"
+    try:
+        row = measure(nodes, name, {**env, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts)}, playbook, image)
+    except ExternalError as exc:
+        # Keep the other sizes' figures; say what broke in this row.
+        row = [nodes, name, "-", "-", "-", "-", "-", f"FAILED: {str(exc).splitlines()[-1][:100]}"]
+    print("  " + " ".join(str(c) if not isinstance(c, float) else f"{c:.1f}" for c in row), flush=True)
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -107,32 +125,30 @@ def main() -> int:
     parser.add_argument(
         "--playbook", type=Path, default=REPO / "site.yml", help="playbook to time (default: site.yml)"
     )
+    parser.add_argument(
+        "--golden", action="store_true", help="start every fleet from a golden lab image baked first"
+    )
     args = parser.parse_args()
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
     ).stdout
-    print(f"gpuforge {rev.strip()}, playbook {args.playbook}; load before: {load_average()}")
+    start = "a golden image" if args.golden else "plain Debian 12"
+    print(f"gpuforge {rev.strip()}, {args.playbook}, hosts from {start}; load before: {load_average()}")
     rows: list[list[object]] = []
     with tempfile.TemporaryDirectory(prefix="gpuforge-bench-fleet-") as tmp_dir:
         tmp = Path(tmp_dir)
-        for nodes in args.nodes:
-            for name, env in configs(tmp, args.mitogen).items():
-                if args.only and name not in args.only:
-                    continue
-                facts = tmp / f"facts-{name}-{nodes}"
-                try:
-                    row = measure(
-                        nodes, name, {**env, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts)}, args.playbook
-                    )
-                except ExternalError as exc:
-                    # Keep the other sizes' figures; say what broke in this row.
-                    first_line = str(exc).splitlines()[-1][:100]
-                    row = [nodes, name, "-", "-", "-", "-", "-", f"FAILED: {first_line}"]
-                rows.append(row)
-                print(
-                    "  " + " ".join(str(c) if not isinstance(c, float) else f"{c:.1f}" for c in row),
-                    flush=True,
-                )
+        image = f"fleet-golden-{os.getpid()}" if args.golden else None
+        try:
+            if image:
+                seconds = labrun.bake_image(image, tmp)
+                print(f"  golden image {image} baked in {seconds:.1f} s (not in the figures)", flush=True)
+            for nodes in args.nodes:
+                for name, env in configs(tmp, args.mitogen).items():
+                    if not args.only or name in args.only:
+                        rows.append(measure_row(nodes, name, env, tmp, args.playbook, image))
+        finally:
+            if image:
+                labrun.gpuforge("lab", "image", "rm", image)
     print(f"\nload after: {load_average()}\n")
     base = {(r[0], r[1]): r for r in rows}
     out_rows = []

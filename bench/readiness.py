@@ -29,9 +29,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from gpuforge.bench import labrun
 from gpuforge.bench.timing import load_average, run_timed, table
@@ -47,40 +44,6 @@ def cache_size() -> str:
     cache = state.cache_root() / "packages"
     files = [p for p in cache.rglob("*") if p.is_file()] if cache.is_dir() else []
     return f"{len(files)} files, {sum(p.stat().st_size for p in files) / 2**20:.0f} MiB"
-
-
-def bake_image(image: str, tmp: Path) -> float:
-    """Bake a 1-host lab into lab image `image`; the bake's wall seconds."""
-    lab = labrun.up("rdbake", 1)
-    try:
-        env = lab.env()
-        labrun.prepare_fixtures(env)
-        # Packer's ansible provisioner builds its own inventory: the lab's group_vars go in as extra vars.
-        merged: dict[str, Any] = {}
-        for source in (labrun.FIXTURE_VARS, "inventory/group_vars/gpuforge_lab.yml"):
-            merged.update(yaml.safe_load((REPO / source).read_text()))
-        lab_vars = tmp / "lab-vars.yml"
-        lab_vars.write_text(yaml.safe_dump(merged))
-        seconds, _ = run_timed(
-            [
-                str(BIN / "gpuforge"),
-                "bake",
-                "--local",
-                "--lab",
-                lab.name,
-                "--work-dir",
-                str(tmp / "bake"),
-                "--extra-vars",
-                str(lab_vars),
-                "--save-image",
-                image,
-            ],
-            env={"GPUFORGE_LAB_ARTIFACTS": env["GPUFORGE_LAB_ARTIFACTS"]},
-            cwd=REPO,
-        )
-        return seconds
-    finally:
-        labrun.down(lab.name)
 
 
 def measure(nodes: int, variant: str, image: str | None) -> list[object]:
@@ -135,7 +98,7 @@ def main() -> int:
     rows: list[list[object]] = []
     with tempfile.TemporaryDirectory(prefix="gpuforge-bench-readiness-") as tmp_dir:
         try:
-            bake_seconds = bake_image(image, Path(tmp_dir))
+            bake_seconds = labrun.bake_image(image, Path(tmp_dir), lab_name="rdbake")
             print(f"  image bake (1 host, Packer + sanitize + save): {bake_seconds:.1f} s", flush=True)
             for nodes in args.nodes:
                 for variant, source in (("bare", None), ("golden", image)):

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpuforge import paths
+from gpuforge.bench.timing import run_timed
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.lab import core as lab_core
 from gpuforge.lab import host, state, system
@@ -119,6 +122,44 @@ def prepare_fixtures(env: dict[str, str]) -> None:
     )
     if result.returncode != 0:
         raise ExternalError(f"{FIXTURE_PLAYBOOK} failed:\n{result.stdout[-3000:]}")
+
+
+def bake_image(image: str, work_dir: Path, lab_name: str = "bench-bake") -> float:
+    """Bake a 1-host lab with the real Packer build into lab image `image`; the bake's wall seconds.
+
+    The host gets the NVIDIA fixtures first, like every lab host that runs the stack roles.
+    """
+    root = paths.repo_root()
+    lab = up(lab_name, 1)
+    try:
+        env = lab.env()
+        prepare_fixtures(env)
+        # Packer's ansible provisioner builds its own inventory: the lab's group_vars go in as extra vars.
+        merged: dict[str, Any] = {}
+        for source in (FIXTURE_VARS, "inventory/group_vars/gpuforge_lab.yml"):
+            merged.update(yaml.safe_load((root / source).read_text()))
+        lab_vars = work_dir / "lab-vars.yml"
+        lab_vars.write_text(yaml.safe_dump(merged))
+        seconds, _ = run_timed(
+            [
+                str(BIN / "gpuforge"),
+                "bake",
+                "--local",
+                "--lab",
+                lab.name,
+                "--work-dir",
+                str(work_dir / "bake"),
+                "--extra-vars",
+                str(lab_vars),
+                "--save-image",
+                image,
+            ],
+            env={"GPUFORGE_LAB_ARTIFACTS": env["GPUFORGE_LAB_ARTIFACTS"]},
+            cwd=root,
+        )
+        return seconds
+    finally:
+        down(lab.name)
 
 
 def down(name: str) -> None:
