@@ -19,7 +19,7 @@ DEMO_MOTO_PORT ?= 5100
 # shellcheck for the shell scripts we ship.
 APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg curl gcc packer prometheus shellcheck
 
-PY_SOURCES := scripts tests molecule bench
+PY_SOURCES := scripts tests molecule bench plugins
 
 .PHONY: help setup demo test lint pytest molecule lab-down clean
 
