@@ -119,7 +119,7 @@ def main() -> int:
     )
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument(
-        "--mitogen", type=Path, help="directory holding ansible_mitogen (pip install --target)"
+        "--mitogen", type=Path, help="directory holding ansible_mitogen (a pip --target dir or site-packages)"
     )
     parser.add_argument("--only", nargs="+", help="configurations to run (default: all)")
     parser.add_argument(
