@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 import testinfra
-import yaml
 
 from gpuforge import versions
 from gpuforge.ami import manifest as packer_manifest
+from gpuforge.bench import labrun
 from gpuforge.lab import images as lab_images
-from labtools import LAB_MARKS, REPO, gpuforge, lab, on, playbook, recap
+from labtools import LAB_MARKS, gpuforge, lab, on, playbook, recap
 
 BUILDER_LAB = "bake"
 GOLDEN_LAB = "golden"
@@ -38,21 +38,6 @@ pytestmark = [
         shutil.which("packer") is None, reason="packer binary absent (apt-get install packer)"
     ),
 ]
-
-
-def _lab_vars(env: dict[str, str], tmp_path: Path) -> Path:
-    """The lab's stand-ins for vendor downloads as one extra-vars file for the bake.
-
-    Packer's ansible provisioner builds its own inventory, so the lab's group_vars do not apply;
-    the same variables (TEST FIXTURES: NVIDIA apt repositories, the signed EFA installer, the CPU
-    wheel of PyTorch) are handed over as extra vars instead.
-    """
-    merged: dict[str, Any] = {}
-    for source in ("molecule/nvidia/vars/fixtures.yml", "inventory/group_vars/gpuforge_lab.yml"):
-        merged.update(yaml.safe_load((REPO / source).read_text()))
-    path = tmp_path / "lab-vars.yml"
-    path.write_text(yaml.safe_dump(merged))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +55,7 @@ def baked(builder: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> 
     prepare = playbook(builder["env"], "molecule/nvidia/prepare.yml", timeout=900)
     assert prepare.returncode == 0, prepare.stdout[-3000:]
     identity = on(BUILDER_LAB, host, "cat /etc/machine-id /etc/ssh/ssh_host_ed25519_key.pub").split()
-    lab_vars = _lab_vars(builder["env"], tmp)
+    lab_vars = labrun.write_bake_vars(tmp)
     result = gpuforge(
         "bake",
         "--local",

@@ -124,6 +124,21 @@ def prepare_fixtures(env: dict[str, str]) -> None:
         raise ExternalError(f"{FIXTURE_PLAYBOOK} failed:\n{result.stdout[-3000:]}")
 
 
+def write_bake_vars(work_dir: Path) -> Path:
+    """The lab's stand-ins for vendor downloads as one extra-vars file for `gpuforge bake --local`.
+
+    Packer's ansible provisioner builds its own inventory, so the lab's group_vars do not apply;
+    the same variables (TEST FIXTURES: NVIDIA apt repositories, the signed EFA installer, the CPU
+    wheel of PyTorch) are handed over as extra vars instead.
+    """
+    merged: dict[str, Any] = {}
+    for source in (FIXTURE_VARS, "inventory/group_vars/gpuforge_lab.yml"):
+        merged.update(yaml.safe_load((paths.repo_root() / source).read_text()))
+    path = work_dir / "lab-vars.yml"
+    path.write_text(yaml.safe_dump(merged))
+    return path
+
+
 def bake_image(image: str, work_dir: Path, lab_name: str = "bench-bake") -> float:
     """Bake a 1-host lab with the real Packer build into lab image `image`; the bake's wall seconds.
 
@@ -134,12 +149,7 @@ def bake_image(image: str, work_dir: Path, lab_name: str = "bench-bake") -> floa
     try:
         env = lab.env()
         prepare_fixtures(env)
-        # Packer's ansible provisioner builds its own inventory: the lab's group_vars go in as extra vars.
-        merged: dict[str, Any] = {}
-        for source in (FIXTURE_VARS, "inventory/group_vars/gpuforge_lab.yml"):
-            merged.update(yaml.safe_load((root / source).read_text()))
-        lab_vars = work_dir / "lab-vars.yml"
-        lab_vars.write_text(yaml.safe_dump(merged))
+        lab_vars = write_bake_vars(work_dir)
         seconds, _ = run_timed(
             [
                 str(BIN / "gpuforge"),
