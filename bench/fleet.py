@@ -8,8 +8,8 @@ site.yml again (the idempotent rerun, which must report changed=0). Configuratio
 - project:  ./ansible.cfg (forks 25, pipelining, SSH ControlPersist, smart gathering + fact cache);
 - defaults: a cfg that only sets what is needed to find roles, collections and the inventory
   (and skips host key checks for the throwaway lab hosts), so forks=5, no pipelining, linear;
-- mitogen:  ./ansible.cfg plus the mitogen_linear strategy (--mitogen PATH, a pip --target dir),
-  when asked for.
+- mitogen:  ./ansible.cfg plus ANSIBLE_STRATEGY=mitogen_linear, the project's opt-in (the
+  strategy comes through plugins/strategy; pip install '.[mitogen]'), when asked for (--mitogen).
 
 Every configuration gets its own empty fact cache, so nothing measured leans on an earlier run.
 Hosts start from plain Debian 12 (site.yml installs the whole stack), or with --golden from a
@@ -17,12 +17,13 @@ golden image baked once at the start (`gpuforge bake --local --save-image`; not 
 figures, bench/readiness.py times it): the production shape, where ParallelCluster starts every
 node from the golden AMI and site.yml then configures it.
 Run (as root; labs bench1, bench4, bench16, bench-bake):
-  .venv/bin/python bench/fleet.py --nodes 1 4 16 [--golden] [--mitogen /tmp/mitogen]
+  .venv/bin/python bench/fleet.py --nodes 1 4 16 [--golden] [--mitogen]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -51,20 +52,16 @@ enable_plugins = amazon.aws.aws_ec2
 SITE_VARS = ["-e", f"@{labrun.FIXTURE_VARS}"]
 
 
-def configs(tmp: Path, mitogen: Path | None) -> dict[str, dict[str, str]]:
+def configs(tmp: Path, mitogen: bool) -> dict[str, dict[str, str]]:
     defaults = tmp / "defaults.cfg"
     defaults.write_text(DEFAULTS_CFG.format(repo=REPO))
     out = {
         "project": {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
         "defaults": {"ANSIBLE_CONFIG": str(defaults)},
     }
-    if mitogen is not None:
-        out["mitogen"] = {
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "ANSIBLE_STRATEGY_PLUGINS": str(mitogen / "ansible_mitogen" / "plugins" / "strategy"),
-            "ANSIBLE_STRATEGY": "mitogen_linear",
-            "PYTHONPATH": str(mitogen),
-        }
+    if mitogen:
+        # Exactly what a user opts into: the project cfg finds the strategy in plugins/strategy.
+        out["mitogen"] = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_STRATEGY": "mitogen_linear"}
     return out
 
 
@@ -118,9 +115,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument(
-        "--mitogen", type=Path, help="directory holding ansible_mitogen (a pip --target dir or site-packages)"
-    )
+    parser.add_argument("--mitogen", action="store_true", help="also time the opt-in mitogen_linear strategy")
     parser.add_argument("--only", nargs="+", help="configurations to run (default: all)")
     parser.add_argument(
         "--playbook", type=Path, default=REPO / "site.yml", help="playbook to time (default: site.yml)"
@@ -129,6 +124,11 @@ def main() -> int:
         "--golden", action="store_true", help="start every fleet from a golden lab image baked first"
     )
     args = parser.parse_args()
+    if args.mitogen and importlib.util.find_spec("ansible_mitogen") is None:
+        parser.error(
+            "--mitogen needs mitogen in this environment: "
+            "pip install -c requirements/constraints.txt '.[mitogen]'"
+        )
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
     ).stdout
