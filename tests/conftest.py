@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 # No test may ever ask the EC2 instance metadata service (169.254.169.254) for credentials or
 # a region: botocore would, whenever a test runs without credentials. Subprocesses inherit this.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-FLEET_LAB = "pytest"
+FLEET_LAB = labtools.lab_name("pytest")
 
 
 @pytest.fixture(scope="session")

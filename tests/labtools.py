@@ -37,6 +37,15 @@ LAB_MARKS = [
 # One PLAY RECAP parser for tests and benchmarks.
 recap = labrun.recap
 
+# Appended to every test lab's name, so several checkouts (or CI workers) can run lab tests on
+# one machine at once without bringing down each other's labs. Lab names stay within 12 characters.
+LAB_SUFFIX = os.environ.get("GPUFORGE_TEST_LAB_SUFFIX", "")
+
+
+def lab_name(base: str) -> str:
+    """The name a test module's lab gets on this machine: `base` plus GPUFORGE_TEST_LAB_SUFFIX."""
+    return f"{base}{LAB_SUFFIX}"
+
 
 def gpuforge(
     *args: str, env: dict[str, str] | None = None, timeout: float = 900, without_aws: bool = False

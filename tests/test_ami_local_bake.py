@@ -21,14 +21,15 @@ from typing import Any
 import pytest
 import testinfra
 
+import labtools
 from gpuforge import versions
 from gpuforge.ami import manifest as packer_manifest
 from gpuforge.bench import labrun
 from gpuforge.lab import images as lab_images
 from labtools import LAB_MARKS, gpuforge, lab, on, playbook, recap
 
-BUILDER_LAB = "bake"
-GOLDEN_LAB = "golden"
+BUILDER_LAB = labtools.lab_name("bake")
+GOLDEN_LAB = labtools.lab_name("golden")
 IMAGE = f"pytest-bake-{os.getpid()}"
 
 pytestmark = [

@@ -25,7 +25,7 @@ from gpuforge.artifacts import fixtures, server
 from labtools import gpuforge
 
 REPO = Path(__file__).resolve().parents[1]
-LAB = "t-efa"
+LAB = labtools.lab_name("t-efa")
 BIN = Path(sys.executable).parent
 
 pytestmark = [

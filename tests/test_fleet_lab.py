@@ -25,7 +25,7 @@ from gpuforge.lab import core as lab_core
 from gpuforge.lab.host import ssh_options
 from labtools import LAB_MARKS, REPO, gpuforge, lab_up, recap
 
-LAB = "fleet"
+LAB = labtools.lab_name("fleet")
 SITE = "playbooks/fleet.yml"
 
 pytestmark = [*LAB_MARKS, pytest.mark.slow]
@@ -236,7 +236,7 @@ def test_a_head_node_alone_runs_slurmctld_and_queues_jobs() -> None:
 
     Slurm refuses to start without a node and a partition; the role then defines a FUTURE placeholder.
     """
-    name = "solo"
+    name = labtools.lab_name("solo")
     with labtools.lab(name, 1) as info:
         head = info["hosts"][0]["name"]
         first = playbook(info["env"], SITE)

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+import labtools
 from gpuforge.lab import core as lab_core
 from gpuforge.lab import state
 from labtools import LAB_MARKS, REPO, gpuforge, lab_up
 
-LAB = "itest"
+LAB = labtools.lab_name("itest")
 
 pytestmark = LAB_MARKS
 

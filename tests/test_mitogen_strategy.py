@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
+import labtools
 from labtools import LAB_MARKS, REPO, lab, on, playbook, recap
 
 pytestmark = [*LAB_MARKS, pytest.mark.slow]
 pytest.importorskip("ansible_mitogen", reason="mitogen is a dev dependency: pip install -e '.[dev]'")
 
-LAB = "mitogen"
+LAB = labtools.lab_name("mitogen")
 # Real work on every host that reruns quickly: the gpuforge_common role.
 PLAYBOOK = "molecule/default/converge.yml"
 

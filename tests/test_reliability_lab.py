@@ -27,7 +27,7 @@ from labtools import recap
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-LAB = "rel"
+LAB = labtools.lab_name("rel")
 EFA_PACKAGES = ("rdma-core", "ibverbs-providers", "libfabric1", "libfabric-bin")
 # Only the efa role's distribution packages (a real role's ansible.builtin.apt task): the
 # installer and the sysctl/limits steps are switched off, so its pinned checksum is moot here.
