@@ -71,6 +71,21 @@ def test_unknown_image_names_the_known_ones(tmp_path: Path) -> None:
         images.require_new("golden")
 
 
+def test_an_image_written_by_another_version_or_broken_does_not_break_listing() -> None:
+    newer = images.images_root() / "newer"
+    (newer / "rootfs").mkdir(parents=True)
+    fields = images.ImageInfo("newer", "t", "l", "h", "", True, 1).to_json()
+    (newer / images.METADATA).write_text(json.dumps({**fields, "twin": "dlami-ubuntu2204"}))
+    broken = images.images_root() / "broken"
+    (broken / "rootfs").mkdir(parents=True)
+    (broken / images.METADATA).write_text("{not json")
+    assert [info.name for info in images.list_images()] == ["newer"]
+    with pytest.raises(UserError, match=r"no lab image 'silver' \(images here: newer\)"):
+        images.rootfs("silver")
+    with pytest.raises(UserError, match="unreadable metadata"):
+        images.load("broken")
+
+
 def test_lab_up_refuses_an_unknown_image_before_creating_anything() -> None:
     with pytest.raises(UserError, match="no lab image 'nope'"):
         core._validate(core.LabSpec(name="t", nodes=1, image="nope"))

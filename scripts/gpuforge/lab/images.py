@@ -46,6 +46,21 @@ class ImageInfo:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def read(cls, path: Path) -> ImageInfo | None:
+        """The metadata at `path`, or None when it is unreadable or not an image's.
+
+        Keys this version does not know (written by a newer gpuforge) are ignored, so one odd
+        image never breaks listing the others or naming them in an error.
+        """
+        try:
+            data = json.loads(path.read_text())
+            known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+            return cls(**known)
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("ignoring unreadable lab image metadata %s: %s", path, exc)
+            return None
+
 
 def images_root() -> Path:
     return cache_root() / "images"
@@ -80,18 +95,24 @@ def rootfs(name: str) -> Path:
 
 
 def load(name: str) -> ImageInfo:
-    return ImageInfo(**json.loads((rootfs(name).parent / METADATA).read_text()))
+    path = rootfs(name).parent / METADATA
+    info = ImageInfo.read(path)
+    if info is None:
+        raise UserError(
+            f"lab image {name!r} has unreadable metadata ({path}); "
+            f"remove it with `gpuforge lab image rm {name}`"
+        )
+    return info
 
 
 def list_images() -> list[ImageInfo]:
     root = images_root()
     if not root.is_dir():
         return []
-    return [
-        ImageInfo(**json.loads((path / METADATA).read_text()))
-        for path in sorted(root.iterdir())
-        if (path / METADATA).is_file()
-    ]
+    found = (
+        ImageInfo.read(path / METADATA) for path in sorted(root.iterdir()) if (path / METADATA).is_file()
+    )
+    return [info for info in found if info is not None]
 
 
 def remove(name: str) -> None:
