@@ -13,6 +13,7 @@ import yaml
 
 from gpuforge import paths
 from gpuforge.errors import UserError
+from gpuforge.policy import SOURCES, compare
 
 # A pin is an exact version: dotted numbers, optionally a "-suffix" (dcgm-exporter's "3.3.9-3.6.1").
 # roles/gpuforge_common/tasks/load_data.yml applies the same pattern (a test keeps them equal).
@@ -70,5 +71,22 @@ def load(path: Path | None = None) -> Manifest:
                 f"{path}: component {name!r} has version {fields['version']!r}; "
                 "pin an exact version such as 1.2.3 (no 'latest', no ranges)"
             )
+        _check_policy(path, str(name), fields)
         components[str(name)] = fields
     return Manifest(components)
+
+
+def _check_policy(path: Path, name: str, fields: dict[str, str]) -> None:
+    """Every component states its floor (an exact release, not above the pin), why, and who provides it.
+
+    roles/gpuforge_common/tasks/load_data.yml asserts the same on hosts.
+    """
+    floor = fields.get("floor", "")
+    if not _VERSION_RE.match(floor):
+        raise UserError(f"{path}: component {name!r} needs a 'floor': the oldest acceptable exact release")
+    if compare(floor, fields["version"]) > 0:
+        raise UserError(f"{path}: component {name!r} has floor {floor} above its version {fields['version']}")
+    if not fields.get("floor_reason", "").strip():
+        raise UserError(f"{path}: component {name!r} needs a 'floor_reason' saying why {floor} is the floor")
+    if fields.get("provided_by") not in SOURCES:
+        raise UserError(f"{path}: component {name!r} needs 'provided_by': {' or '.join(SOURCES)}")

@@ -12,12 +12,15 @@ testinfra_hosts = ["all"]
 
 
 def test_manifest_matches_versions_yml(host):
-    """manifest.json carries every pin and the same hash the AMI tags carry."""
+    """manifest.json (schema 2, docs/manifest.md) carries every pin and the same hash the AMI tags carry."""
     manifest_file = host.file("/etc/gpuforge/manifest.json")
     assert manifest_file.exists
     manifest = json.loads(manifest_file.content_string)
     expected = versions.load()
-    assert manifest["components"] == expected.components
+    assert manifest["schema"] == 2
+    assert manifest["pins"] == expected.components
+    # gpuforge_common alone decides about no component: nothing installed is recorded.
+    assert manifest["installed"] == {}
     assert manifest["versions_hash"] == expected.digest
 
 

@@ -24,6 +24,8 @@ FIXTURE = "file:///srv/gpuforge-fixture"
 FIXTURE_FPR = "1BFC70D46F4EA877C7A9426A21D9BFD25F4C1F80"
 IMPOSTOR_FPR = "C397662EE561D9E826AE3E993B265602F3675E67"
 PINS = versions.load().components
+# nvidia_driver_debian_package_version: the lab's stand-in packaging of the pin.
+DEB_VERSION = PINS["nvidia_driver"]["version"] + "-1"
 
 
 def _play(playbook: str, extra: dict[str, object]) -> str:
@@ -98,13 +100,15 @@ def test_wrong_signature_stops_and_removes_the_source(host):
 
 
 def test_unknown_toolkit_version_fails_before_installing(host):
-    """A toolkit version the repository does not have fails with the versions it does have."""
+    """A toolkit the policy must install (the floor raised above what is there) but the repository
+    does not have fails with the versions it does have."""
     output = _play(
         "role.yml",
         {
             "negative_role": "nvidia_container_toolkit",
             "nvidia_container_toolkit_version": "1.99.0",
             "nvidia_container_toolkit_package_version": "1.99.0-1",
+            "nvidia_container_toolkit_floor": "1.99.0",
         },
     )
     assert "nvidia-container-toolkit 1.99.0-1 is not in the configured apt" in output
@@ -117,7 +121,27 @@ def test_malformed_driver_version_fails_validation(host):
     """A driver version that is not an exact release ('latest') fails in validation."""
     output = _play("role.yml", {"negative_role": "nvidia_driver", "nvidia_driver_version": "latest"})
     assert "is not a known driver version string" in output
-    assert host.package("nvidia-smi").version == PINS["nvidia_driver"]["debian_package_version"]
+    assert host.package("nvidia-smi").version == DEB_VERSION
+
+
+def test_pin_below_the_installed_release_is_refused(host):
+    """A pin older than the installed toolkit, which the policy may not adopt (floor raised above it),
+    stops with both releases named; nothing is downgraded."""
+    output = _play(
+        "role.yml",
+        {
+            "negative_role": "nvidia_container_toolkit",
+            "nvidia_container_toolkit_version": "1.17.8",
+            "nvidia_container_toolkit_package_version": "1.17.8-1",
+            "nvidia_container_toolkit_floor": "1.99.0",
+        },
+    )
+    installed = PINS["nvidia_container_toolkit"]["version"]
+    message = " ".join(output.split())
+    assert f"installed {installed} is below the floor 1.99.0, and the pin 1.17.8 is older" in message
+    assert "gpuforge_common_allow_downgrade" in output
+    pinned = PINS["nvidia_container_toolkit"]["package_version"]
+    assert host.package("nvidia-container-toolkit").version == pinned
 
 
 def test_wrong_exporter_checksum_keeps_the_verified_binary(host):

@@ -1,0 +1,121 @@
+"""The node manifest, /etc/gpuforge/manifest.json: read it, and turn it into image tags.
+
+One writer (roles/gpuforge_common/tasks/manifest.yml), one reader per language: this module and
+roles/gpuforge_common/tasks/read_manifest.yml (tests/test_node_manifest.py keeps them equal).
+The schema is documented in docs/manifest.md:
+
+    {"schema": 2,
+     "versions_hash": "<sha256 of versions.yml's pins, as gpuforge.versions.Manifest.digest>",
+     "pins": {"<component>": {"version": ..., "floor": ..., ...}},       # versions.yml as baked
+     "installed": {"<component>": {"version": "580.105.08", "source": "base_image" | "gpuforge"}}}
+
+Other keys may be added by later schema versions' writers; readers ignore what they do not know.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuforge.errors import UserError
+from gpuforge.policy import SOURCES
+
+SCHEMA = 2
+PATH = Path("/etc/gpuforge/manifest.json")
+# One AMI tag per installed component: "gpuforge:installed:<component>" = "<version>/<source>".
+INSTALLED_TAG_PREFIX = "gpuforge:installed:"
+
+
+@dataclass(frozen=True)
+class Installed:
+    version: str
+    source: str  # base_image or gpuforge
+
+
+@dataclass(frozen=True)
+class NodeManifest:
+    versions_hash: str
+    pins: dict[str, dict[str, str]] = field(default_factory=dict)
+    installed: dict[str, Installed] = field(default_factory=dict)
+    schema: int = SCHEMA
+
+    def image_tags(self) -> dict[str, str]:
+        """What an image baked from this node carries besides the pins: each component's actual release."""
+        return {
+            f"{INSTALLED_TAG_PREFIX}{name}": f"{item.version}/{item.source}"
+            for name, item in sorted(self.installed.items())
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """The schema-2 form, as read_manifest.yml sets gpuforge_previous_manifest."""
+        return {
+            "schema": self.schema,
+            "versions_hash": self.versions_hash,
+            "pins": self.pins,
+            "installed": {n: {"version": i.version, "source": i.source} for n, i in self.installed.items()},
+        }
+
+
+def parse(data: Any, where: str = "manifest.json") -> NodeManifest:
+    """A manifest from its JSON data; schema 1 (pins under 'components', no 'installed') is accepted."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a JSON object")
+    schema = data.get("schema", 1)
+    if not isinstance(schema, int) or schema < 1:
+        raise UserError(f"{where}: bad schema {schema!r}")
+    if schema == 1:
+        return NodeManifest(
+            versions_hash=str(data.get("versions_hash", "")),
+            pins=_pins(data.get("components", {}), where),
+            installed={},
+            schema=SCHEMA,
+        )
+    installed: dict[str, Installed] = {}
+    raw = data.get("installed", {})
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: 'installed' must be an object")
+    for name, item in raw.items():
+        if not isinstance(item, dict) or not item.get("version") or item.get("source") not in SOURCES:
+            raise UserError(
+                f"{where}: installed.{name} needs a version and a source "
+                f"({' or '.join(SOURCES)}), got {item!r}"
+            )
+        installed[str(name)] = Installed(str(item["version"]), str(item["source"]))
+    return NodeManifest(
+        versions_hash=str(data.get("versions_hash", "")),
+        pins=_pins(data.get("pins", {}), where),
+        installed=installed,
+        schema=schema,
+    )
+
+
+def _pins(raw: Any, where: str) -> dict[str, dict[str, str]]:
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise UserError(f"{where}: pins must map each component to its fields")
+    return {str(k): {str(f): str(x) for f, x in v.items()} for k, v in raw.items()}
+
+
+def load(path: Path = PATH) -> NodeManifest:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read node manifest {path}: {exc}") from exc
+    return parse(data, str(path))
+
+
+def differences(node: NodeManifest, expected: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """Components whose installed release differs from `expected` (component -> version).
+
+    Returns name -> (on the node, expected).
+
+    The drift check's comparison of actual versions: what the image recorded against what the node has now.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for name in sorted(set(node.installed) | set(expected)):
+        have = node.installed[name].version if name in node.installed else ""
+        want = expected.get(name, "")
+        if have != want:
+            out[name] = (have, want)
+    return out

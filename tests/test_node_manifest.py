@@ -1,0 +1,134 @@
+"""/etc/gpuforge/manifest.json: the Python reader (gpuforge.node_manifest) and the role-side reader
+(roles/gpuforge_common/tasks/read_manifest.yml) read the same files the same way, and the writer's
+template produces what both read. The role side runs in one check-mode play on the control host.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpuforge import node_manifest, versions
+from gpuforge.errors import UserError
+from localplay import REPO, record, run_cases
+
+PINS = versions.load()
+SCHEMA2 = {
+    "schema": 2,
+    "versions_hash": PINS.digest,
+    "pins": PINS.components,
+    "installed": {
+        "nvidia_driver": {"version": "580.105.08", "source": "base_image"},
+        "dcgm": {"version": "4.5.3", "source": "gpuforge"},
+    },
+}
+# case -> file content (None: no file)
+FILES: dict[str, str | None] = {
+    "schema-2": json.dumps(SCHEMA2),
+    "schema-1": json.dumps({"versions_hash": "abc", "components": {"nccl": {"version": "2.21.5"}}}),
+    "missing": None,
+}
+
+
+def test_python_reads_schema_2() -> None:
+    manifest = node_manifest.parse(SCHEMA2)
+    assert manifest.installed["nvidia_driver"] == node_manifest.Installed("580.105.08", "base_image")
+    assert manifest.image_tags() == {
+        "gpuforge:installed:dcgm": "4.5.3/gpuforge",
+        "gpuforge:installed:nvidia_driver": "580.105.08/base_image",
+    }
+
+
+def test_python_reads_schema_1_as_nothing_installed_recorded() -> None:
+    manifest = node_manifest.parse(json.loads(str(FILES["schema-1"])))
+    assert (manifest.schema, manifest.versions_hash, manifest.installed) == (2, "abc", {})
+    assert manifest.pins == {"nccl": {"version": "2.21.5"}}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[], {"schema": 2, "installed": {"nccl": {"version": "2.27.7", "source": "apt"}}}, {"schema": "2"}],
+)
+def test_python_refuses_malformed_manifests(bad: Any) -> None:
+    with pytest.raises(UserError):
+        node_manifest.parse(bad)
+
+
+def test_differences_compare_actual_versions() -> None:
+    manifest = node_manifest.parse(SCHEMA2)
+    assert node_manifest.differences(manifest, {"nvidia_driver": "580.105.08", "dcgm": "4.5.3"}) == {}
+    assert node_manifest.differences(
+        manifest, {"nvidia_driver": "580.95.05", "dcgm": "4.5.3", "nccl": "2.27.7"}
+    ) == {
+        "nccl": ("", "2.27.7"),
+        "nvidia_driver": ("580.105.08", "580.95.05"),
+    }
+
+
+@pytest.fixture(scope="module")
+def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("manifests")
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for case, content in FILES.items():
+        directory = root / case
+        directory.mkdir()
+        if content is not None:
+            (directory / "manifest.json").write_text(content)
+        cases[case] = [
+            {
+                "ansible.builtin.include_role": {
+                    "name": "gpuforge_common",
+                    "tasks_from": "read_manifest.yml",
+                },
+                "vars": {"gpuforge_common_config_dir": str(directory)},
+            },
+            record(case, "{{ gpuforge_previous_manifest }}"),
+        ]
+    # The writer's template, rendered with a run's decisions over the schema-2 manifest as the earlier one.
+    cases["written"] = [
+        {
+            "ansible.builtin.set_fact": {
+                "gpuforge_versions": PINS.components,
+                "gpuforge_versions_hash": PINS.digest,
+                "gpuforge_previous_manifest": SCHEMA2,
+                "gpuforge_reality": {
+                    "dcgm": {"action": "adopt", "version": "4.6.0", "source": "base_image"},
+                    "nccl": {"action": "install", "version": "2.27.7", "source": "gpuforge"},
+                    "efa_installer": {"action": "refuse", "version": "", "source": ""},
+                },
+            }
+        },
+        record(
+            "written",
+            "{{ lookup('ansible.builtin.template', '"
+            + str(REPO / "roles/gpuforge_common/templates/etc/gpuforge/manifest.json.j2")
+            + "', template_vars={'_gpuforge_common_installed_now': _now}) | from_json }}",
+        ),
+    ]
+    cases["written"][1]["vars"]["_now"] = (
+        "{{ {'dcgm': {'version': '4.6.0', 'source': 'base_image'},"
+        " 'nccl': {'version': '2.27.7', 'source': 'gpuforge'}} }}"
+    )
+    (root / "play").mkdir()
+    return run_cases(root / "play", cases, {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(FILES))
+def test_role_reads_as_python(role_side: dict[str, Any], case: str) -> None:
+    content = FILES[case]
+    expected = {} if content is None else node_manifest.parse(json.loads(content)).as_dict()
+    assert role_side[case] == expected
+
+
+@pytest.mark.slow
+def test_written_manifest_keeps_earlier_records_and_adds_this_runs(role_side: dict[str, Any]) -> None:
+    written = node_manifest.parse(role_side["written"])
+    assert written.versions_hash == PINS.digest and written.pins == PINS.components
+    assert {n: (i.version, i.source) for n, i in written.installed.items()} == {
+        "nvidia_driver": ("580.105.08", "base_image"),  # recorded by an earlier run
+        "dcgm": ("4.6.0", "base_image"),  # this run's decision replaces the earlier record
+        "nccl": ("2.27.7", "gpuforge"),
+    }
