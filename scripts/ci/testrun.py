@@ -36,7 +36,7 @@ LOG_DIR = REPO / ".cache" / "ci"
 
 # A module that names a lab (tests/labtools.lab_name, which appends GPUFORGE_TEST_LAB_SUFFIX)
 # boots a lab of its own.
-_OWN_LAB = re.compile(r"\blab_name\(")
+_OWN_LAB = re.compile(r"^\s*[A-Za-z_]\w*\s*=\s*(?:labtools\.)?lab_name\(", re.MULTILINE)
 # A module that takes the session-wide fixture shares conftest's lab with the others.
 _SHARED_LAB = re.compile(r"\bfleet_lab\s*[:,)]")
 
