@@ -79,7 +79,7 @@ def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         cases[case] = [
             {
                 "ansible.builtin.include_role": {
-                    "name": "gpuforge_common",
+                    "name": "gpuforge.gpu.gpuforge_common",
                     "tasks_from": "read_manifest.yml",
                 },
                 "vars": {"gpuforge_common_config_dir": str(directory)},
