@@ -115,6 +115,13 @@ build {
     ]
   }
 
+  # What the bake really left installed (docs/manifest.md): gpuforge tags the image with it.
+  provisioner "file" {
+    source      = "/etc/gpuforge/manifest.json"
+    destination = var.node_manifest_path
+    direction   = "download"
+  }
+
   # Last step: leave nothing host-specific or secret in the image.
   provisioner "shell" {
     script          = "${var.repo_root}/packer/scripts/sanitize.sh"

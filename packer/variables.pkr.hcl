@@ -126,6 +126,12 @@ variable "manifest_path" {
   description = "Where the manifest post-processor writes the artifact list gpuforge parses."
 }
 
+variable "node_manifest_path" {
+  type        = string
+  default     = "packer/node-manifest.json"
+  description = "Where the builder's /etc/gpuforge/manifest.json is downloaded to (gpuforge tags the image with what it lists)."
+}
+
 variable "ansible_extra_vars_file" {
   type        = string
   default     = ""

@@ -104,6 +104,11 @@ manifest = {"builds": [{
     "custom_data": {"flavor": v["flavor"], "build_id": v["build_id"]},
 }], "last_run_uuid": run}
 json.dump(manifest, open(v["manifest_path"], "w"))
+# The file provisioner's download of the builder's /etc/gpuforge/manifest.json (docs/manifest.md).
+json.dump({"schema": 2, "versions_hash": v["image_tags"].get("gpuforge:versions-hash", ""), "pins": {},
+           "installed": {"nvidia_driver": {"version": "580.126.09", "source": "base_image"},
+                         "dcgm": {"version": "4.5.3", "source": "gpuforge"}}},
+          open(v["node_manifest_path"], "w"))
 say("Builds finished.")
 '''
 
@@ -191,6 +196,9 @@ def test_bake_registers_tagged_imdsv2_image(
     assert image.tags["gpuforge:source-ami-id"] == dlami_base
     assert image.tags["gpuforge:source-ami-name"].startswith("Deep Learning Base")
     assert image.tags["gpuforge:git-revision"] == bake.git_revision()
+    # What the builder's node manifest says is really installed, with where it came from.
+    assert image.tags["gpuforge:installed:nvidia_driver"] == "580.126.09/base_image"
+    assert image.tags["gpuforge:installed:dcgm"] == "4.5.3/gpuforge"
     assert image.state == "available"
     assert imds_calls == [{"ImageId": image.id, "ImdsSupport": {"Value": "v2.0"}}]
     # Packer was asked for the AWS source only, with the resolved base and our tags in its var file.

@@ -76,7 +76,10 @@ def role_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for case, (installed, pin, floor, compatible, allow, previous, _) in CASES.items():
         cases[case] = [
             {
-                "ansible.builtin.include_role": {"name": "gpuforge.gpu.gpuforge_common", "tasks_from": "policy.yml"},
+                "ansible.builtin.include_role": {
+                    "name": "gpuforge.gpu.gpuforge_common",
+                    "tasks_from": "policy.yml",
+                },
                 "vars": {
                     "gpuforge_common_policy_component": "component",
                     "gpuforge_common_policy_installed": installed,

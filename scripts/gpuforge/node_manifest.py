@@ -7,7 +7,9 @@ The schema is documented in docs/manifest.md:
     {"schema": 2,
      "versions_hash": "<sha256 of versions.yml's pins, as gpuforge.versions.Manifest.digest>",
      "pins": {"<component>": {"version": ..., "floor": ..., ...}},       # versions.yml as baked
-     "installed": {"<component>": {"version": "580.105.08", "source": "base_image" | "gpuforge"}}}
+     "installed": {"<component>": {"version": "580.105.08", "source": "base_image" | "gpuforge",
+                                   "digest": "sha256:..."}}}   # digest: only for what has one
+
 
 Other keys may be added by later schema versions' writers; readers ignore what they do not know.
 """
@@ -24,7 +26,7 @@ from gpuforge.policy import SOURCES
 
 SCHEMA = 2
 PATH = Path("/etc/gpuforge/manifest.json")
-# One AMI tag per installed component: "gpuforge:installed:<component>" = "<version>/<source>".
+# One AMI tag per installed component: "gpuforge:installed:<component>" = "<version>/<source>[@<digest>]".
 INSTALLED_TAG_PREFIX = "gpuforge:installed:"
 
 
@@ -32,6 +34,18 @@ INSTALLED_TAG_PREFIX = "gpuforge:installed:"
 class Installed:
     version: str
     source: str  # base_image or gpuforge
+    digest: str = ""  # the content digest where the component has one (the dcgm-exporter image)
+
+    @property
+    def tag_value(self) -> str:
+        """The AMI tag value; playbooks/drift.yml formats the node's side the same way."""
+        return f"{self.version}/{self.source}" + (f"@{self.digest}" if self.digest else "")
+
+    def as_dict(self) -> dict[str, str]:
+        out = {"version": self.version, "source": self.source}
+        if self.digest:
+            out["digest"] = self.digest
+        return out
 
 
 @dataclass(frozen=True)
@@ -44,8 +58,7 @@ class NodeManifest:
     def image_tags(self) -> dict[str, str]:
         """What an image baked from this node carries besides the pins: each component's actual release."""
         return {
-            f"{INSTALLED_TAG_PREFIX}{name}": f"{item.version}/{item.source}"
-            for name, item in sorted(self.installed.items())
+            f"{INSTALLED_TAG_PREFIX}{name}": item.tag_value for name, item in sorted(self.installed.items())
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -54,7 +67,7 @@ class NodeManifest:
             "schema": self.schema,
             "versions_hash": self.versions_hash,
             "pins": self.pins,
-            "installed": {n: {"version": i.version, "source": i.source} for n, i in self.installed.items()},
+            "installed": {n: i.as_dict() for n, i in self.installed.items()},
         }
 
 
@@ -82,7 +95,9 @@ def parse(data: Any, where: str = "manifest.json") -> NodeManifest:
                 f"{where}: installed.{name} needs a version and a source "
                 f"({' or '.join(SOURCES)}), got {item!r}"
             )
-        installed[str(name)] = Installed(str(item["version"]), str(item["source"]))
+        installed[str(name)] = Installed(
+            str(item["version"]), str(item["source"]), str(item.get("digest", ""))
+        )
     return NodeManifest(
         versions_hash=str(data.get("versions_hash", "")),
         pins=_pins(data.get("pins", {}), where),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuforge import aws, paths, versions
+from gpuforge import aws, node_manifest, paths, versions
 from gpuforge.ami import images
 from gpuforge.ami import manifest as packer_manifest
 from gpuforge.ami.packer import MachineLine, Packer, Progress, launched_instance, template_dir, write_var_file
@@ -125,6 +125,11 @@ class Run:
         return self.directory / "manifest.json"
 
     @property
+    def node_manifest(self) -> Path:
+        """Where Packer downloads the builder's /etc/gpuforge/manifest.json (what it really carries)."""
+        return self.directory / "node-manifest.json"
+
+    @property
     def log(self) -> Path:
         return self.directory / "packer.log"
 
@@ -154,6 +159,7 @@ def _common_variables(options: BakeOptions, run: Run, tags: dict[str, str]) -> d
         "build_id": run.build_id,
         "image_tags": tags,
         "manifest_path": str(run.manifest),
+        "node_manifest_path": str(run.node_manifest),
         # Absolute: ansible-playbook does not run from the caller's directory.
         "ansible_extra_vars_file": str(options.extra_vars_file.resolve()) if options.extra_vars_file else "",
     }
@@ -248,6 +254,19 @@ def check_image(image: images.Image, expected: dict[str, str], base: images.Imag
         raise ExternalError(f"image {image.id} was built from {source}, not the resolved base {base.id}")
 
 
+def installed_tags(run: Run) -> dict[str, str]:
+    """The image's tags for what the bake really left installed, from the builder's node manifest."""
+    if not run.node_manifest.exists():
+        raise ExternalError(
+            f"packer brought back no node manifest ({run.node_manifest}): "
+            "the bake did not record what it installed"
+        )
+    node = node_manifest.load(run.node_manifest)
+    for name, item in sorted(node.installed.items()):
+        LOG.info("installed %s %s (%s)", name, item.version, item.source)
+    return node.image_tags()
+
+
 def bake_aws(options: BakeOptions) -> images.Image:
     """Bake and register one golden AMI; return it, available and IMDSv2-only."""
     region = options.the_region
@@ -274,6 +293,9 @@ def bake_aws(options: BakeOptions) -> images.Image:
         image = images.describe(ami_id, region)
         check_image(image, tags, base)
         images.require_imdsv2(ami_id, region)
+        installed = installed_tags(run)
+        images.add_tags(ami_id, installed, region)
+        image = images.describe(ami_id, region)
     except BaseException:
         _discard(run, region)
         raise
@@ -323,5 +345,6 @@ def bake_local(options: BakeOptions, target: LabTarget) -> Path:
         "lab_private_key_file": target.key,
     }
     artifacts = _run_packer(run, variables, LAB_SOURCE)
+    installed_tags(run)  # Logs what the host really carries now; a lab host has no tags to write.
     LOG.info("local bake %s of %s finished (%d build(s))", run.build_id, target.host, len(artifacts))
     return run.directory

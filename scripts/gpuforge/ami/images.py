@@ -236,6 +236,18 @@ def deregister(image: Image, region: str | None = None) -> None:
     LOG.info("deregistered %s (%s) and %d snapshot(s)", image.id, image.name, len(image.snapshot_ids))
 
 
+def add_tags(ami_id: str, tags: dict[str, str], region: str | None = None) -> None:
+    """Add tags to a registered image (what it really carries, known only after the build)."""
+    if not tags:
+        return
+    try:
+        _ec2(region).create_tags(
+            Resources=[ami_id], Tags=[{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+        )
+    except ClientError as exc:
+        raise ExternalError(f"cannot tag image {ami_id}: {exc}") from exc
+
+
 def stale_reason(newest_image: Image | None, base: Image, versions_hash: str) -> str | None:
     """Why a rebuild is due, or None when the newest image already has this base and manifest."""
     if newest_image is None:
