@@ -71,3 +71,30 @@ def test_a_changed_pin_is_reported_as_drift(
     )
     assert report_only.returncode == 0
     assert report_only.stdout.count("DRIFT: node pins") == 2
+
+
+def test_installed_release_differing_from_the_image_is_drift(
+    baked: dict[str, str], run_playbook: PlaybookRunner
+) -> None:
+    """The image recorded an installed release (gpuforge:installed:*) the node does not have: drift,
+    even though the pins' hashes agree."""
+    _tag_lab_image(baked, {**versions.load().image_tags(), "gpuforge:installed:nccl": "2.30.7/gpuforge"})
+    result = run_playbook(baked, "playbooks/drift.yml")
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert result.stdout.count("up to date with versions.yml") == 2
+    assert result.stdout.count("DRIFT: installed differs from the image: nccl absent (image 2.30.7/gpuforge)") == 2
+    # Put the image back as it was for the other tests of this module.
+    client_tags = {"gpuforge:installed:nccl": ""}
+    _untag_lab_image(baked, client_tags)
+
+
+def _untag_lab_image(env: dict[str, str], tags: dict[str, str]) -> None:
+    client = boto3.client(
+        "ec2",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    images = {i["ImageId"] for r in client.describe_instances()["Reservations"] for i in r["Instances"]}
+    client.delete_tags(Resources=sorted(images), Tags=[{"Key": k} for k in tags])
