@@ -25,7 +25,7 @@ PY_SOURCES := scripts tests molecule bench plugins
 
 help:
 	@echo "make demo   - set up, start the local lab ($(DEMO_NODES) hosts + emulated EC2) and run site.yml on it"
-	@echo "make test   - set up, then run every check: lint, pytest, molecule"
+	@echo "make test   - set up, then run every check (lint, pytest, molecule) side by side, with a timing table"
 	@echo "make lint | pytest | molecule | lab-down"
 
 setup: $(STAMPS)/apt $(STAMPS)/venv
@@ -58,7 +58,11 @@ demo: setup
 	  ansible-playbook site.yml -e @molecule/nvidia/vars/fixtures.yml
 	@echo "The lab stays up: explore with 'eval \"\$$(gpuforge lab env --name $(DEMO_LAB))\"'; remove it with 'make lab-down'."
 
-test: setup lint pytest molecule
+# Lint, the pytest groups and the Molecule scenarios run side by side (most of their time is
+# spent waiting on lab hosts), then a table of phase timings; see scripts/ci/testrun.py.
+# GPUFORGE_CI_JOBS caps how many phases run at once. `make pytest` / `make molecule` stay serial.
+test:
+	python3 scripts/ci/testrun.py
 
 lint: setup
 	ruff check $(PY_SOURCES)
