@@ -684,6 +684,19 @@ def run_script(config: dict[str, Any], tmp_path: Path, *args: str) -> subprocess
     )
 
 
+def fake_scontrol(tmp_path: Path, shown: str) -> tuple[Path, Path]:
+    """A stand-in scontrol: `show node` prints `shown`, `update` records its arguments."""
+    calls = tmp_path / "scontrol.calls"
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = show ]; then echo {shlex.quote(shown)}; exit 0; fi\n'
+        f"printf '%s\\n' \"$@\" >> {calls}\n"
+    )
+    scontrol.chmod(0o755)
+    return scontrol, calls
+
+
 def test_prolog_failure_drains_the_node_naming_the_check(
     config: dict[str, Any], tools: Tools, tmp_path: Path
 ) -> None:
@@ -691,10 +704,7 @@ def test_prolog_failure_drains_the_node_naming_the_check(
     tools.set(
         "nvidia-smi", GPU_QUERY, "".join(f"{i}, NVIDIA H100 80GB HBM3, Enabled, 33\n" for i in range(7))
     )
-    calls = tmp_path / "scontrol.calls"
-    scontrol = tmp_path / "bin" / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" >> {calls}\n")
-    scontrol.chmod(0o755)
+    scontrol, calls = fake_scontrol(tmp_path, "NodeName=gpu-st-p5-48xlarge-7 State=IDLE Reason=(null)")
     config["tools"]["scontrol"] = str(scontrol)
     proc = run_script(config, tmp_path, "--mode", "prolog", "--drain")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -706,6 +716,28 @@ def test_prolog_failure_drains_the_node_naming_the_check(
         "Reason=gpuforge-health prolog: gpu_count",
     ]
     assert "drained gpu-st-p5-48xlarge-7" in proc.stderr
+
+
+def test_the_first_drain_reason_stays(config: dict[str, Any], tools: Tools, tmp_path: Path) -> None:
+    """The epilog after a failed prolog fails too, but leaves the prolog's reason in place."""
+    tools.set("nvidia-smi", GPU_QUERY, "NVIDIA-SMI has failed", 9)
+    shown = "NodeName=gpu-st-p5-48xlarge-7 State=IDLE+DRAIN Reason=gpuforge-health prolog: gpu_count [root@t]"
+    scontrol, calls = fake_scontrol(tmp_path, shown)
+    config["tools"]["scontrol"] = str(scontrol)
+    proc = run_script(config, tmp_path, "--mode", "epilog", "--drain")
+    assert proc.returncode == 1
+    assert not calls.exists()
+    assert "already drained: gpuforge-health prolog: gpu_count" in proc.stderr
+
+
+def test_drain_reason_names_causes_and_counts_consequences() -> None:
+    """A node without its GPUs and EFA is drained for gpu_count and efa_devices, not 20 check names."""
+    failed = [
+        {"check": n} for n in ("gpu_count", "gpu_model", "gpu_xid", "efa_devices", "efa_ports", "path /x")
+    ]
+    assert HEALTH.drain_reason("boot", failed) == (
+        "gpuforge-health boot: gpu_count, efa_devices, path /x (+3 dependent)"
+    )
 
 
 def test_healthy_prolog_exits_zero_and_does_not_drain(config: dict[str, Any], tmp_path: Path) -> None:
