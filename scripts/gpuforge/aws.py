@@ -12,7 +12,19 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-RETRY_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 10}, user_agent_extra="gpuforge")
+# AWS_MAX_ATTEMPTS (botocore's own setting) may lower the attempts, e.g. where an unreachable endpoint
+# should fail fast; adaptive retries stay.
+_MAX_ATTEMPTS = 10
+
+
+def _retry_config() -> Config:
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    return Config(
+        retries={"mode": "adaptive", "max_attempts": int(attempts) if attempts.isdigit() else _MAX_ATTEMPTS},
+        user_agent_extra="gpuforge",
+    )
+
+
 DEFAULT_REGION = "us-east-1"
 
 
@@ -22,7 +34,9 @@ def region() -> str:
 
 def client(service: str, region_name: str | None = None) -> Any:
     """A boto3 client with adaptive retries (API throttling is retried, not fatal)."""
-    return boto3.session.Session().client(service, region_name=region_name or region(), config=RETRY_CONFIG)
+    return boto3.session.Session().client(
+        service, region_name=region_name or region(), config=_retry_config()
+    )
 
 
 CREDENTIALS_HINT = (
