@@ -56,7 +56,11 @@ _USER_MISTAKES = (ParamValidationError, InvalidRegionError, NoRegionError, Profi
 
 def _one_line(exc: BaseException) -> str:
     """The exception's message on one line (ParamValidationError spans several)."""
-    return logsafe.redact("; ".join(line.strip() for line in str(exc).splitlines() if line.strip()))
+    text = ""
+    for line in (line.strip() for line in str(exc).splitlines()):
+        if line:
+            text += (" " if not text or text.endswith(":") else "; ") + line
+    return logsafe.redact(text.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

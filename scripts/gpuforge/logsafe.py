@@ -64,11 +64,20 @@ def redact(text: str) -> str:
     return text
 
 
+# In the wire log every 64-digit hex value is a signature or one of its inputs (payload hash, canonical
+# request hash); none of them helps debugging, so all go.
+_WIRE_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer")
+_HEX_DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
+
+
 class RedactingFormatter(logging.Formatter):
     """A Formatter whose whole output (message, arguments, traceback) is redacted."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        text = redact(super().format(record))
+        if record.name.startswith(_WIRE_LOGGERS):
+            text = _HEX_DIGEST.sub(MARK, text)
+        return text
 
 
 def configure(verbosity: int) -> None:
