@@ -343,7 +343,8 @@ def _step_command(text: str, marker: str) -> list[str]:
     """The `gpuforge prune ...` line of a scheduled job, with its variables filled in as the job would."""
     (line,) = [ln.strip().removeprefix("- ") for ln in text.splitlines() if marker in ln and "prune" in ln]
     line = line.removeprefix("run: ")
-    line = line.replace('"${{ matrix.flavor }}"', "dlami").replace('"$flavor"', "dlami")
+    for flavor in ('"${{ matrix.flavor }}"', '"$flavor"', '"$FLAVOR"'):
+        line = line.replace(flavor, "dlami")
     line = line.replace('"$KEEP_IMAGES"', "1")
     argv = line.split()
     assert argv[:2] == ["gpuforge", "prune"], line

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from gpuforge import aws, versions
-from gpuforge.ami import bake, images, prune, publish, references
+from gpuforge.ami import bake, iam, images, prune, publish, references
 from gpuforge.cliargs import nonempty, positive_int
 from gpuforge.errors import UserError
 
@@ -143,6 +144,25 @@ def register(sub: Any) -> None:
     p_prune.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
     p_prune.set_defaults(handler=_prune)
 
+    p_role = sub.add_parser(
+        "pipeline-role",
+        help="print the pipeline's least-privilege IAM policy, or a CloudFormation template with its roles",
+    )
+    p_role.add_argument(
+        "--format", choices=("policy", "cloudformation"), default="cloudformation", help="what to print"
+    )
+    p_role.add_argument(
+        "--github-repository",
+        metavar="OWNER/NAME",
+        help="also create the role GitHub Actions of this repository assume through OIDC",
+    )
+    p_role.add_argument(
+        "--github-environment",
+        default=iam.DEFAULT_ENVIRONMENT,
+        help="the workflow environment the OIDC trust requires (default %(default)s)",
+    )
+    p_role.set_defaults(handler=_pipeline_role)
+
 
 def _options(args: argparse.Namespace) -> bake.BakeOptions:
     return bake.BakeOptions(
@@ -234,6 +254,15 @@ def _publish(args: argparse.Namespace) -> int:
         force=args.force,
     )
     print(args.ami)
+    return 0
+
+
+def _pipeline_role(args: argparse.Namespace) -> int:
+    if args.format == "policy":
+        document = iam.policy_document()
+    else:
+        document = iam.cloudformation_template(args.github_repository, args.github_environment)
+    print(json.dumps(document, indent=2))
     return 0
 
 

@@ -77,18 +77,8 @@ def ami_ids_in(text: str) -> set[str]:
     return set(_AMI_IN_TEXT.findall(text))
 
 
-def _call(what: str, fn: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(**kwargs)
-    except (ClientError, BotoCoreError) as exc:
-        raise ExternalError(f"{what} failed: {exc}") from exc
-
-
-def _pages(client: Any, operation: str, what: str, **kwargs: Any) -> list[dict[str, Any]]:
-    try:
-        return list(client.get_paginator(operation).paginate(**kwargs))
-    except (ClientError, BotoCoreError) as exc:
-        raise ExternalError(f"{what} failed: {exc}") from exc
+def _failed(what: str, exc: Exception) -> ExternalError:
+    return ExternalError(f"{what} failed: {exc}")
 
 
 def _missing(refs: References, sources: Sources, message: str) -> None:
@@ -102,13 +92,15 @@ def _parameters(refs: References, sources: Sources, region: str | None) -> None:
     ssm = aws.client("ssm", region_name=region)
     prefix = sources.parameter_prefix
     found: set[str] = set()
-    for page in _pages(
-        ssm,
-        "get_parameters_by_path",
-        f"SSM GetParametersByPath {prefix}",
-        Path=prefix.rstrip("/") or "/",
-        Recursive=True,
-    ):
+    try:
+        pages = list(
+            ssm.get_paginator("get_parameters_by_path").paginate(
+                Path=prefix.rstrip("/") or "/", Recursive=True
+            )
+        )
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed(f"SSM GetParametersByPath {prefix}", exc) from exc
+    for page in pages:
         for parameter in page["Parameters"]:
             found.add(parameter["Name"])
             refs.add(ami_ids_in(str(parameter.get("Value", ""))), f"SSM parameter {parameter['Name']}")
@@ -138,15 +130,18 @@ def _parameter_value(ssm: Any, name: str) -> str | None:
 def _launch_templates(refs: References, sources: Sources, region: str | None) -> None:
     ec2 = aws.client("ec2", region_name=region)
     ssm: Any = None
-    pages = _pages(ec2, "describe_launch_templates", "EC2 DescribeLaunchTemplates")
+    try:
+        pages = list(ec2.get_paginator("describe_launch_templates").paginate())
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed("EC2 DescribeLaunchTemplates", exc) from exc
     for template in (t for page in pages for t in page["LaunchTemplates"]):
         template_id, name = template["LaunchTemplateId"], template.get("LaunchTemplateName", "")
-        versions = _call(
-            f"EC2 DescribeLaunchTemplateVersions {template_id}",
-            ec2.describe_launch_template_versions,
-            LaunchTemplateId=template_id,
-            Versions=["$Default", "$Latest"],
-        )["LaunchTemplateVersions"]
+        try:
+            versions = ec2.describe_launch_template_versions(
+                LaunchTemplateId=template_id, Versions=["$Default", "$Latest"]
+            )["LaunchTemplateVersions"]
+        except (ClientError, BotoCoreError) as exc:
+            raise _failed(f"EC2 DescribeLaunchTemplateVersions {template_id}", exc) from exc
         for version in versions:
             image = str(version.get("LaunchTemplateData", {}).get("ImageId", ""))
             label = "default" if version.get("DefaultVersion") else "latest"
@@ -207,7 +202,11 @@ def _stack_value(items: Sequence[dict[str, Any]], key: str, name: str, value: st
 def _clusters(refs: References, sources: Sources, region: str | None) -> None:
     cfn = aws.client("cloudformation", region_name=region)
     s3: Any = None
-    for page in _pages(cfn, "describe_stacks", "CloudFormation DescribeStacks"):
+    try:
+        pages = list(cfn.get_paginator("describe_stacks").paginate())
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed("CloudFormation DescribeStacks", exc) from exc
+    for page in pages:
         for stack in page["Stacks"]:
             tags = stack.get("Tags", [])
             if stack.get("ParentId") or _stack_value(tags, "Key", PCLUSTER_VERSION_TAG, "Value") is None:
