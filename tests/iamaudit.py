@@ -68,6 +68,10 @@ PACKER_DOCUMENTED = frozenset(
         "iam:GetInstanceProfile",
     }
 )
+# Actions IAM authorizes besides the one an operation is named after, for the way gpuforge calls it:
+# S3 authorizes GetObject with a VersionId as s3:GetObjectVersion (prune reads the config version a
+# ParallelCluster stack names).
+IMPLIED = {"s3:GetObject": ("s3:GetObjectVersion",)}
 # Verbs that change or destroy what exists: never granted on every resource.
 DESTRUCTIVE_VERBS = ("Delete", "Deregister", "Terminate", "Stop", "Put", "Modify", "Pass")
 
@@ -136,6 +140,9 @@ def static_actions(sources: Iterable[Path] = PIPELINE_SOURCES) -> dict[str, set[
                     apis.add(waiters[arg])
             for api in apis:
                 found.setdefault(f"{prefix}:{api}", set()).add(path.name)
+    for action, also in IMPLIED.items():
+        for extra in also if action in found else ():
+            found.setdefault(extra, set()).update(found[action])
     return found
 
 

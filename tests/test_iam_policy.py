@@ -20,8 +20,7 @@ import iamaudit
 from gpuforge import aws as gpuforge_aws
 from gpuforge.ami import images
 from gpuforge.lab.moto import MotoServer
-
-SOURCE = "ami-785db401"  # one of moto's built-in public images
+from imagetools import baked_image
 
 
 def test_policy_is_valid_and_names_every_action() -> None:
@@ -115,12 +114,8 @@ def test_client_records_each_call_with_its_caller(
 
 
 def _bake_like(flavor: str, name: str) -> str:
-    ec2 = boto3.client("ec2")
-    instance = ec2.run_instances(ImageId=SOURCE, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
-    ami = str(ec2.create_image(InstanceId=instance, Name=name)["ImageId"])
-    ec2.create_tags(Resources=[ami], Tags=[{"Key": images.FLAVOR_TAG, "Value": flavor}])
-    ec2.terminate_instances(InstanceIds=[instance])
-    return ami
+    # Tagged as a bake tags it: publish refuses an image without gpuforge's tags (gpuforge.ami.fitness).
+    return baked_image(flavor, name)
 
 
 def test_pipeline_commands_on_moto_call_only_granted_actions(aws: MotoServer, tmp_path: Path) -> None:

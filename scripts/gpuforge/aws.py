@@ -15,7 +15,19 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-RETRY_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 10}, user_agent_extra="gpuforge")
+# AWS_MAX_ATTEMPTS (botocore's own setting) may lower the attempts, e.g. where an unreachable endpoint
+# should fail fast; adaptive retries stay.
+_MAX_ATTEMPTS = 10
+
+
+def _retry_config() -> Config:
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    return Config(
+        retries={"mode": "adaptive", "max_attempts": int(attempts) if attempts.isdigit() else _MAX_ATTEMPTS},
+        user_agent_extra="gpuforge",
+    )
+
+
 DEFAULT_REGION = "us-east-1"
 
 
@@ -32,7 +44,9 @@ CALL_LOG_ENV = "GPUFORGE_AWS_CALL_LOG"
 
 def client(service: str, region_name: str | None = None) -> Any:
     """A boto3 client with adaptive retries (API throttling is retried, not fatal)."""
-    made = boto3.session.Session().client(service, region_name=region_name or region(), config=RETRY_CONFIG)
+    made = boto3.session.Session().client(
+        service, region_name=region_name or region(), config=_retry_config()
+    )
     log_path = os.environ.get(CALL_LOG_ENV)
     if log_path:
         _record_calls(made, log_path)
