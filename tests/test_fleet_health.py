@@ -759,3 +759,25 @@ def test_no_configuration_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert proc.stderr.startswith("gpuforge-health: error: no configuration found")
+
+
+@pytest.mark.parametrize(
+    ("client_rc", "status"), [(0, "pass"), (1, "fail")], ids=["loopback-ok", "loopback-broken"]
+)
+def test_efa_loopback(config: dict[str, Any], tools: Tools, client_rc: int, status: str) -> None:
+    """Ad hoc and after boot, fi_pingpong over EFA between a server and a client on this node."""
+    server = "-p efa -e rdm -P 47592"
+    tools.set("fi_pingpong", server, "bytes   #sent   #ack     total       time     MB/sec\n")
+    tools.set("fi_pingpong", f"{server} localhost", "fi_getinfo(): -61 (No data available)\n", client_rc)
+    config.update(loopback_modes=["adhoc", "boot"])
+    config["tools"]["fi_pingpong"] = tools.path("fi_pingpong")
+    result = by_check(HEALTH.run_checks(config, "boot"))["efa_loopback"]
+    assert result["status"] == status, result
+    assert by_check(HEALTH.run_checks(config, "prolog"))["efa_loopback"]["status"] == "skipped"
+
+
+def test_row_remapping_not_supported_is_skipped_not_failed(config: dict[str, Any], tools: Tools) -> None:
+    """A GPU without a row remapper (GDDR: A10G, L4) is not drained for it, nor does it pass."""
+    tools.set("nvidia-smi", REMAP_QUERY, 'Field "remapped_rows.pending" is Not Supported on this GPU\n', 2)
+    result = by_check(HEALTH.run_checks(config, "adhoc"))["gpu_row_remap"]
+    assert result["status"] == "skipped" and "not supported" in result["detail"]
