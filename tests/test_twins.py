@@ -1,47 +1,36 @@
-"""The bake on base-image twins: lab hosts booted from recorded descriptions of the real AMIs.
+"""Base-image twins in the lab: one host per twin, each booted from its recorded AMI description.
 
 Each twin (tests/twins/*.yml, built by tests/twinlab.py, TEST DOUBLES) is built once per record
-digest. One lab holds one host per twin; the hosts are baked at the same time, each by its own
-real `gpuforge bake --local` (the lab shares two cores: three bakes side by side take far less
-than three in a row), relaunched (new host keys, as an instance of the sanitized image gets) and
-baked once more, which must change nothing. Every other assertion reads those two bakes. The
-cases that need a changed host (a component below its floor, a pin below the installed release)
-run one role, on one twin, afterwards.
+digest. One lab holds one host per twin (`labtools.reimage` swaps each host onto its twin's
+image), and every assertion about a twin reads that host: the recorded driver, EFA, packages and
+ParallelCluster marker, and the distribution Ansible sees (the roles choose their per-OS constants
+from it).
 
-Needs root, systemd-nspawn (the lab), gcc, dpkg-deb and packer; CI installs them.
+Needs root, systemd-nspawn (the lab), gcc and dpkg-deb; CI installs them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import labtools
 import twinlab
-from gpuforge import versions
-from gpuforge.bench import labrun
-from gpuforge.lab import host, state
-from labtools import BIN, LAB_MARKS, REPO, gpuforge, lab, on, playbook, recap, reimage, relaunch
+from labtools import BIN, LAB_MARKS, REPO, lab, on, reimage
 
 TWIN_LAB = labtools.lab_name("twin")
 NAMES = twinlab.names()
-# The twin the role-level cases (below the floor, pin below the installed release) change.
-CHANGED_TWIN = "dlami-ubuntu2204"
 
 pytestmark = [
     *LAB_MARKS,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("packer") is None, reason="needs packer (apt-get install packer)"),
 ]
 
 
@@ -144,131 +133,3 @@ def test_ansible_sees_the_recorded_distributions(twins: dict[str, dict[str, Any]
         facts = hosts[twin["host"]["ip"]]["ansible_facts"]
         expected = twin["record"].record["os_release"]["VERSION_ID"]
         assert (facts["ansible_distribution"], facts["ansible_distribution_version"]) == ("Ubuntu", expected)
-
-
-# The bake: `gpuforge bake --local` on every twin, then the same bake again on the relaunched hosts.
-
-# Packer prefixes what the ansible provisioner prints ("[  1m02s]     null.lab: ..."); without the
-# prefix the lines are ansible-playbook's own, PLAY RECAP included.
-_PACKER_PREFIX = re.compile(r"^\[\s*\d+m\d+s\]\s+(?:null\.lab: )?", re.MULTILINE)
-
-
-def bake_recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
-    stats = recap(_PACKER_PREFIX.sub("", result.stderr))
-    assert len(stats) == 1, result.stderr[-4000:]
-    return next(iter(stats.values()))
-
-
-def bake(twin: dict[str, Any], work: Path, lab_vars: Path) -> subprocess.CompletedProcess[str]:
-    record: twinlab.Twin = twin["record"]
-    started = time.monotonic()
-    result = gpuforge(
-        "bake",
-        "--local",
-        "--flavor",
-        record.flavor,
-        "--lab",
-        TWIN_LAB,
-        "--host",
-        twin["host"]["name"],
-        "--work-dir",
-        str(work),
-        "--extra-vars",
-        str(lab_vars),
-        env={"GPUFORGE_LAB_ARTIFACTS": twin["info"]["env"]["GPUFORGE_LAB_ARTIFACTS"]},
-        without_aws=True,
-        timeout=1500,
-    )
-    print(f"twin {twin['name']}: bake in {time.monotonic() - started:.1f}s (exit {result.returncode})")
-    return result
-
-
-def host_tree(twin: dict[str, Any]) -> tuple[Path, Path]:
-    """The host's writable layer and its merged root, read from the control host."""
-    lab_state = state.load(TWIN_LAB)
-    assert lab_state is not None
-    (node,) = [h for h in lab_state.hosts if h.name == twin["host"]["name"]]
-    directory = host.host_dir(lab_state, node)
-    return directory / "upper", directory / "rootfs"
-
-
-def dpkg_versions(root: Path) -> dict[str, str]:
-    """Installed package versions from the dpkg database of a tree."""
-    found: dict[str, str] = {}
-    for stanza in (root / "var/lib/dpkg/status").read_text().split("\n\n"):
-        lines = [line for line in stanza.splitlines() if ": " in line and not line[0].isspace()]
-        fields = dict(line.split(": ", 1) for line in lines)
-        if fields.get("Status", "").endswith(" installed") and "Package" in fields:
-            found[fields["Package"]] = fields["Version"]
-    return found
-
-
-@pytest.fixture(scope="module")
-def baked(
-    twins: dict[str, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, dict[str, Any]]:
-    """Every twin prepared (signed NVIDIA fixture repositories), baked, relaunched and baked again."""
-    tmp = tmp_path_factory.mktemp("twin-bakes")
-    started = time.monotonic()
-    env = next(iter(twins.values()))["info"]["env"]
-    prepare = playbook(env, labrun.FIXTURE_PLAYBOOK, timeout=900)
-    assert prepare.returncode == 0, prepare.stdout[-3000:]
-    lab_vars = labrun.write_bake_vars(tmp)
-    print(f"twins prepared in {time.monotonic() - started:.1f}s")
-
-    def first(name: str) -> dict[str, Any]:
-        twin = twins[name]
-        result = bake(twin, tmp / name / "first", lab_vars)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
-        upper, merged = host_tree(twin)
-        overlay = twinlab.overlay(twin["record"], os.uname().release, (tmp / name / "overlay"))
-        return {
-            "first": result,
-            "run_dir": Path(result.stdout.strip().splitlines()[-1]),
-            "after": dpkg_versions(merged),
-            # A file the twin recorded shows up in the host's writable layer once anything rewrote it.
-            "touched": sorted(path for path in overlay.files if os.path.lexists(upper / path)),
-            # What the node would tell a cluster: read now, before the second bake rewrites it.
-            "manifest": json.loads((merged / "etc/gpuforge/manifest.json").read_text()),
-        }
-
-    def second(name: str) -> subprocess.CompletedProcess[str]:
-        twin = twins[name]
-        relaunch(TWIN_LAB, twin["host"]["name"], twin["image"])
-        result = bake(twin, tmp / name / "second", lab_vars)
-        relaunch(TWIN_LAB, twin["host"]["name"], twin["image"])
-        return result
-
-    for name in NAMES:
-        (tmp / name / "overlay").mkdir(parents=True)
-    results = each(first)
-    for name, result in each(second).items():
-        results[name]["second"] = result
-    print(f"twins prepared and baked twice in {time.monotonic() - started:.1f}s")
-    return results
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bake_changes_no_recorded_component_at_or_above_its_floor(
-    twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]], name: str
-) -> None:
-    """Adopted, not replaced: no file the twin recorded was rewritten, no recorded package changed."""
-    result = baked[name]
-    assert result["touched"] == []
-    record: twinlab.Twin = twins[name]["record"]
-    policy = versions.load().components
-    for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit"):
-        recorded = record.component(component)
-        if recorded is None:
-            continue
-        floor = policy.get(component, {}).get("floor")
-        assert floor is None or twinlab.at_least(recorded["version"], floor), (component, recorded, floor)
-        for package, version in recorded["packages"].items():
-            assert result["after"].get(package) == version, (component, package)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_second_bake_changes_nothing(baked: dict[str, dict[str, Any]], name: str) -> None:
-    second = baked[name]["second"]
-    assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
-    assert bake_recap(second)["changed"] == 0, second.stderr[-6000:]
