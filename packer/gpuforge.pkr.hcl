@@ -111,7 +111,6 @@ build {
     ], local.ansible_extra_vars)
     ansible_env_vars = [
       "ANSIBLE_CONFIG=${var.repo_root}/ansible.cfg",
-      "ANSIBLE_ROLES_PATH=${var.repo_root}/roles",
       "ANSIBLE_HOST_KEY_CHECKING=False",
     ]
   }

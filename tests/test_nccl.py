@@ -42,6 +42,7 @@ A4 = FIXTURES / "dstack-gcp-a4-allreduce-termy.log"
 ALLGATHER = FIXTURES / "dstack-gcp-a3mega-allgather-termy.log"
 B200 = FIXTURES / "dstack-lambda-b200-banner-termy.log"
 NEBIUS = FIXTURES / "dstack-nebius-concluded-termy.log"
+ALLTOALL = FIXTURES / "nccl-tests-issue287-alltoall-1gpu.log"
 SYNTHETIC_C_S = FIXTURES / "synthetic-cputime-timestamp.log"
 SBATCH = Path(__file__).resolve().parents[1] / "scripts" / "slurm" / "nccl-allreduce.sbatch"
 
@@ -112,6 +113,9 @@ REAL = [
     ),
     Expect(
         B200, (29,), (2147483648, 702.91), "all_reduce", True, ("p5.48xlarge", 2, None), Verdict.SKIP, "-e "
+    ),
+    Expect(
+        ALLTOALL, (1,), (33554432, 0.0), "alltoall", True, ("g5.12xlarge", None, None), Verdict.SKIP, "1-node"
     ),
     Expect(
         NEBIUS, (31,), (8589934592, 468.46), "all_reduce", True, ("p5.48xlarge", 2, None), Verdict.PASS, "98%"
@@ -471,3 +475,64 @@ def test_sbatch_script_is_valid_bash_and_launches_with_pmix() -> None:
     text = SBATCH.read_text()
     assert "srun --mpi=pmix" in text
     assert "export FI_PROVIDER=efa" in text
+
+
+def test_single_node_alltoall_is_not_judged_as_all_reduce() -> None:
+    ev = judge(only(ALLTOALL), "g5.12xlarge")
+    assert ev.identity.name == "alltoall" and "command line" in ev.identity.how
+    assert ev.nodes == 1 and ev.choice is None
+    assert "no intra-node (1-node) alltoall baseline" in " ".join(ev.notes)
+
+
+def test_ib_and_unknown_node_socket_runs() -> None:
+    ib = parse("h:1:1 [0] NCCL INFO Using network IB\n" + GCP.read_text(), "ib")[0]
+    assert ib.network.describe() == "IB" and not ib.network.uses_socket
+    # Sockets on an EFA type with no way to tell the node count: fail, and say how to clear it.
+    ev = judge(only(SOCKET), "g5.12xlarge")
+    assert ev.nodes is None and ev.verdict is Verdict.FAIL
+    assert "--nodes 1" in ev.failures[0]
+
+
+def test_all_ops_log_reports_ops_and_plots_one_curve() -> None:
+    lines = []
+    for line in GCP.read_text().splitlines():
+        lines.append(line)
+        if re.match(r"^\s+\d+\s+\d+\s+float\s+sum\s", line):
+            lines.append(line.replace("   sum ", "   max "))
+    run = parse("\n".join(lines), "ops")[0]
+    assert run.ops == ["max", "sum"] and len(run.rows) == 2 * len(only(GCP).rows)
+    ax = figure(judge(run, "p5.48xlarge")).axes[0]
+    assert len(ax.lines[0].get_xdata()) == len(only(GCP).rows)
+    assert "(float sum)" in ax.get_title()
+
+
+def test_per_iteration_columns() -> None:
+    """nccl-tests -I 1 (src/util.cu writeResultHeader, per_iter_timing): 4 more columns per half."""
+    head = (
+        "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+        "    i_min    i_max    i_p99    i_cv%"
+        "     time   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%"
+    )
+    row = (
+        "  1073741824     268435456     float     sum      -1   4611.2  232.85  436.60       0"
+        "   4590.1   4650.3   4649.0     0.41"
+        "   4600.0  233.42  437.67       0   4580.2   4644.1   4643.9     0.39"
+    )
+    run = parse(f"{head}\n{row}\n# Avg bus bandwidth    : 437.1\n", "iter")[0]
+    assert run.rows[0].out_of_place.busbw_gb_s == 436.60
+    assert run.rows[0].in_place.time_us == 4600.0
+
+
+def test_baseline_needs_the_plateau(tmp_path: Path) -> None:
+    argv = ["nccl-baseline", str(TWO_RUNS), "--instance-type", "p4de.24xlarge", "--nodes", "2"]
+    with pytest.raises(UserError, match="stops at 26214400 B"):
+        cli([*argv, "--out", str(tmp_path / "b.yml")])
+
+
+def test_unwritable_outputs_are_user_errors(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="cannot write the report"):
+        cli(["nccl-report", str(GCP), "--instance-type", "p5.48xlarge", "--out", str(blocker / "r")])
+    with pytest.raises(UserError, match="cannot write baseline file"):
+        cli(["nccl-baseline", str(GCP), "--instance-type", "p5.48xlarge", "--out", str(blocker / "b.yml")])

@@ -133,5 +133,8 @@ def record(path: Path, instance_type: str, collective: str, entry: Entry) -> Non
         }
     )
     entries.sort(key=lambda e: int(e["nodes"]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False, width=1000))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data, sort_keys=False, width=1000))
+    except OSError as exc:
+        raise UserError(f"cannot write baseline file {path}: {exc.strerror or exc}") from exc

@@ -10,7 +10,15 @@ from typing import Any
 from gpuforge.errors import UserError
 from gpuforge.nccl import baseline, report
 from gpuforge.nccl.collective import identify
-from gpuforge.nccl.evaluate import THRESHOLD, Settings, Verdict, evaluate, node_count, settings
+from gpuforge.nccl.evaluate import (
+    LARGE_MESSAGE_BYTES,
+    THRESHOLD,
+    Settings,
+    Verdict,
+    evaluate,
+    node_count,
+    settings,
+)
 from gpuforge.nccl.parse import COLLECTIVES, Run, parse
 
 
@@ -97,6 +105,11 @@ def handle_baseline(args: argparse.Namespace) -> int:
             missing = "--nodes" if nodes is None else "--collective"
             raise UserError(f"{run.source}: the log does not say its {missing[2:]}; pass {missing}")
         largest = max(run.rows, key=lambda r: r.size_bytes)
+        if largest.size_bytes < LARGE_MESSAGE_BYTES:
+            raise UserError(
+                f"{run.source} stops at {largest.size_bytes} B; a baseline needs the busbw plateau: "
+                f"run up to at least -e 1G (8G on p5)"
+            )
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         entry = baseline.Entry(
             nodes=nodes,

@@ -111,6 +111,11 @@ def _defects(run: Run, nodes: int | None, efa: bool) -> list[str]:
             + (" or the log is an excerpt" if run.elided or not run.devices else "")
         )
     multi_node_efa = efa and nodes is not None and nodes > 1
+    if efa and nodes is None and run.network.uses_socket:
+        found.append(
+            "NCCL used sockets ('Using network Socket') on an EFA instance type and the node "
+            "count is unknown: a multi-node run must not use sockets (pass --nodes 1 if it was one node)"
+        )
     if multi_node_efa and run.network.uses_socket:
         found.append(
             "NCCL fell back to sockets ('Using network Socket') on an EFA instance type: "

@@ -120,6 +120,11 @@ class Run:
         return sorted({d.host for d in self.devices})
 
     @property
+    def ops(self) -> list[str]:
+        """The reduction ops of the table's rows (`-o all` prints several), "none" left out."""
+        return sorted({r.redop for r in self.rows} - {"", "none"})
+
+    @property
     def complete(self) -> bool:
         """nccl-tests prints the average only after the last size: without it the run was cut."""
         return self.avg_busbw_gb_s is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.axes import Axes
@@ -9,6 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from gpuforge.nccl.evaluate import LARGE_MESSAGE_BYTES, Evaluation
+from gpuforge.nccl.parse import Row
 
 GIB_LABEL = "1 GiB"
 
@@ -27,12 +30,20 @@ def _expectation(ax: Axes, evaluation: Evaluation) -> None:
     ax.axhline(gate, color="red", linestyle=":", label=f"{evaluation.threshold:.0%} gate {gate:.4g} GB/s")
 
 
+def _group(rows: Sequence[Row]) -> tuple[str, str]:
+    """One (type, op) curve: `-d all -o all` prints every combination per size."""
+    groups = Counter((r.dtype, r.redop) for r in rows)
+    preferred = [g for g in groups if g[0] == "float" and g[1] in ("sum", "none")]
+    return preferred[0] if preferred else groups.most_common(1)[0][0]
+
+
 def figure(evaluation: Evaluation) -> Figure:
     """The busbw-vs-size figure: both halves, #wrong sizes, the baseline and gate, 1 GiB marked."""
     run = evaluation.run
-    rows = [r for r in run.rows if r.size_bytes > 0]
+    group = _group(run.rows)
+    rows = [r for r in run.rows if (r.dtype, r.redop) == group and r.size_bytes > 0]
     if not rows:
-        rows = run.rows
+        rows = [r for r in run.rows if (r.dtype, r.redop) == group]
     sizes = [max(r.size_bytes, 1) for r in rows]
     fig = Figure(figsize=(8, 4.5), dpi=100)
     FigureCanvasAgg(fig)
@@ -56,9 +67,9 @@ def figure(evaluation: Evaluation) -> Figure:
     ax.axvline(LARGE_MESSAGE_BYTES, color="grey", linewidth=0.8)
     ax.annotate(
         GIB_LABEL,
-        xy=(LARGE_MESSAGE_BYTES, 1.0),
+        xy=(LARGE_MESSAGE_BYTES, 0.0),
         xycoords=("data", "axes fraction"),
-        xytext=(3, -12),
+        xytext=(3, 4),
         textcoords="offset points",
         color="grey",
         fontsize="small",
@@ -68,8 +79,8 @@ def figure(evaluation: Evaluation) -> Figure:
     ax.set_ylabel("bus bandwidth (GB/s)")
     nodes = f"{evaluation.nodes} nodes" if evaluation.nodes else "nodes unknown"
     ax.set_title(
-        f"{evaluation.identity.label} {run.source} on {evaluation.instance_type}, {nodes}: "
-        f"{evaluation.verdict.value}",
+        f"{evaluation.identity.label} ({' '.join(group)}) {run.source} on {evaluation.instance_type}, "
+        f"{nodes}: {evaluation.verdict.value}",
         fontsize="medium",
     )
     ax.grid(True, which="both", alpha=0.3)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuforge.errors import UserError
 from gpuforge.nccl.evaluate import Evaluation
 from gpuforge.nccl.plot import plot
 
@@ -26,6 +27,7 @@ def to_dict(ev: Evaluation, png: str) -> dict[str, Any]:
         "instance_type": ev.instance_type,
         "collective": ev.identity.name,
         "collective_from": ev.identity.how,
+        "ops": run.ops,
         "verdict": ev.verdict.value,
         "reasons": list(ev.reasons),
         "nodes": ev.nodes,
@@ -90,12 +92,23 @@ def _markdown(entries: Sequence[dict[str, Any]]) -> str:
         lines += ["", f"## {e['source']}", ""]
         lines += [f"- {reason}" for reason in e["reasons"]]
         hosts = ", ".join(e["hosts"]) or "not listed"
-        lines += [f"- hosts: {hosts}; ranks: {e['ranks']}; NCCL {e['nccl_version'] or 'version not logged'}"]
+        ops = ", ".join(e["ops"]) or "none"
+        lines += [
+            f"- hosts: {hosts}; ranks: {e['ranks']}; ops: {ops}; "
+            f"NCCL {e['nccl_version'] or 'version not logged'}"
+        ]
         lines += ["", f"![busbw vs size]({e['plot']})"]
     return "\n".join(lines) + "\n"
 
 
 def write(evaluations: Sequence[Evaluation], out_dir: Path) -> list[dict[str, Any]]:
+    try:
+        return _write(evaluations, out_dir)
+    except OSError as exc:
+        raise UserError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from exc
+
+
+def _write(evaluations: Sequence[Evaluation], out_dir: Path) -> list[dict[str, Any]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     entries = []
     used: set[str] = set()
