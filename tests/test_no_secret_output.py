@@ -35,7 +35,7 @@ from localplay import BIN, REPO, record
 pytestmark = pytest.mark.slow
 
 MUNGE_TASKS = REPO / "roles" / "slurm" / "tasks" / "munge.yml"
-LOOKUP_PLUGINS = REPO / "roles" / "slurm" / "lookup_plugins"
+LOOKUP_PLUGINS = REPO / "plugins" / "lookup"
 DEST_LINE = "    dest: /etc/munge/munge.key\n"
 PARAMETER = "/gpuforge/secret-test/munge-key"
 MISSING_PARAMETER = "/gpuforge/secret-test/no-such-key"
@@ -206,7 +206,7 @@ def test_why_the_role_has_its_own_ssm_lookup(keys: dict[str, str], tmp_path: Pat
     """amazon.aws.ssm_parameter prints what it read at -vvvv, even in a no_log task.
 
     If this fails, amazon.aws stopped doing so, and the role could use it again instead of
-    lookup_plugins/slurm_ssm_secret.py.
+    plugins/lookup/slurm_ssm_secret.py.
     """
     task = {
         "name": "Read the key the collection's way",

@@ -92,3 +92,15 @@ def test_downloaded_components_pin_a_sha256(component: str) -> None:
     """Every tarball a role downloads and runs has its sha256 in versions.yml (no unverified fallback)."""
     sha = versions.load().components[component].get("sha256", "")
     assert len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
+
+
+def test_roles_embed_no_plugins() -> None:
+    """Roles run from the collection (gpuforge.gpu.<role>), where Ansible loads no plugins from a
+    role's own filter_plugins/, lookup_plugins/ or library/: those live in plugins/ instead."""
+    roles = REPO / "roles"
+    embedded = [
+        str(p.relative_to(REPO))
+        for p in roles.glob("*/*")
+        if p.is_dir() and (p.name.endswith("_plugins") or p.name in ("library", "module_utils"))
+    ]
+    assert embedded == []
