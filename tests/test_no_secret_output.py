@@ -35,7 +35,6 @@ from localplay import BIN, REPO, record
 pytestmark = pytest.mark.slow
 
 MUNGE_TASKS = REPO / "roles" / "slurm" / "tasks" / "munge.yml"
-LOOKUP_PLUGINS = REPO / "plugins" / "lookup"
 DEST_LINE = "    dest: /etc/munge/munge.key\n"
 PARAMETER = "/gpuforge/secret-test/munge-key"
 MISSING_PARAMETER = "/gpuforge/secret-test/no-such-key"
@@ -149,8 +148,8 @@ def _run(tmp: Path, tasks_file: Path, keys: dict[str, str]) -> tuple[str, dict[s
             **os.environ,
             "PATH": f"{BIN}:/usr/bin:/bin",
             "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            # The role's plugins directory, as Ansible adds it when it loads the role.
-            "ANSIBLE_LOOKUP_PLUGINS": str(LOOKUP_PLUGINS),
+            # The lookup is the collection's (gpuforge.gpu.slurm_ssm_secret), found through
+            # ansible.cfg's collections_path (./collections links back to this checkout).
             "ANSIBLE_LOG_PATH": str(log),
             "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache),
             "HOME": str(tmp),
@@ -244,7 +243,7 @@ SECRET_NAME = re.compile(
 )
 # Lookups that return a secret whatever the variable is called.
 SECRET_LOOKUP = re.compile(
-    r"lookup\(\s*['\"](?:slurm_ssm_secret|amazon\.aws\.(?:aws_)?ssm(?:_parameter)?|"
+    r"lookup\(\s*['\"](?:(?:gpuforge\.gpu\.)?slurm_ssm_secret|amazon\.aws\.(?:aws_)?ssm(?:_parameter)?|"
     r"amazon\.aws\.(?:aws_)?secret(?:smanager_secret)?|ansible\.builtin\.password)['\"]"
 )
 JINJA = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.S)
