@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import time
 from pathlib import Path
@@ -125,3 +126,18 @@ def test_make_test_and_ci_run_use_the_runner() -> None:
     assert "scripts/ci/testrun.py" in recipe
     assert "make test" in (REPO / ".ci" / "run").read_text()
     assert "make test" in (REPO / "README.md").read_text()
+
+
+def test_molecule_playbooks_take_the_lab_name_with_its_suffix() -> None:
+    """Scenarios run side by side and beside other checkouts: no playbook names its lab literally."""
+    literal = re.compile(
+        r"\bm-(?:" + "|".join(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")) + r")\b"
+    )
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "molecule").rglob("*.yml")
+        if literal.search(path.read_text())
+    ]
+    assert offenders == []
+    shared = (REPO / "molecule" / "_shared" / "lab_vars.yml").read_text()
+    assert "GPUFORGE_TEST_LAB_SUFFIX" in shared
