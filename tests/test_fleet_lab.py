@@ -275,9 +275,21 @@ def test_parallelcluster_mode_only_adds_scripts(cluster: dict[str, Any]) -> None
         on(node, "sha256sum /etc/slurm/slurm.conf; systemctl show -p ActiveEnterTimestamp slurmd") == before
     )
     assert "/etc/gpuforge/nccl.env" in on(node, "cat /opt/slurm/etc/scripts/gpuforge_task_prolog.sh")
+    # ParallelCluster shares /opt/slurm with every node: the hooks run the script copied there, with
+    # the node's own configuration or, on a node without one, the shared fallback next to it.
+    shared = "/opt/slurm/etc/scripts/gpuforge"
+    assert on(node, f"stat -c %a {shared}/gpuforge-health").strip() == "755"
     for mode in ("prolog", "epilog"):
-        assert f"--mode {mode}" in on(node, f"cat /opt/slurm/etc/scripts/{mode}.d/50-gpuforge-health")
-    on(node, "rmdir /opt/parallelcluster")
+        hook = on(node, f"cat /opt/slurm/etc/scripts/{mode}.d/50-gpuforge-health")
+        assert (
+            f"exec {shared}/gpuforge-health --config /etc/gpuforge/health.json --config {shared}/health.json "
+            f"--mode {mode} --drain"
+        ) in hook
+    # The fallback knows no instance type until IMDS names one (the lab has no IMDS): nothing is
+    # promised, so the GPU checks skip, never pass.
+    fallback = on(node, f"{shared}/gpuforge-health --config {shared}/health.json")
+    assert "gpu_count: instance type unknown is not in data/instance_types.yml" in fallback
+    on(node, "rm -rf /opt/parallelcluster /opt/slurm/etc/scripts/gpuforge")
 
 
 def test_a_head_node_alone_runs_slurmctld_and_queues_jobs() -> None:
