@@ -37,6 +37,14 @@ source "amazon-ebs" "gpu" {
   ami_description         = "gpuforge ${var.flavor} GPU image built from ${var.git_revision}"
   ami_virtualization_type = "hvm"
   ena_support             = true
+  # Copies in other regions: Packer copies the image after registering it, and tags (tags,
+  # snapshot_tags) and attributes with it, so each copy carries the same gpuforge tags and build id.
+  ami_regions = var.ami_regions
+
+  # gpuforge:modern-packer-settings
+  # Packer >= 1.7 only: `gpuforge bake` (Packer.stage) replaces the line above with
+  # packer/amazon-ebs.pkr.hcl.modern (IMDSv2-only builder and image). Packer 1.6 rejects those settings,
+  # so with it the wrapper secures the builder and the image through the EC2 API instead.
 
   dynamic "source_ami_filter" {
     for_each = local.source_ami_filters
@@ -52,9 +60,10 @@ source "amazon-ebs" "gpu" {
     }
   }
 
-  # The root volume is gp3 and encrypted from launch, so no unencrypted snapshot ever exists.
-  encrypt_boot = true
-  kms_key_id   = var.kms_key_id
+  # The root volume is gp3 and encrypted from launch, so the image's snapshot is encrypted with the
+  # same key and no unencrypted snapshot ever exists. No encrypt_boot: it would copy the image and
+  # then delete an untagged intermediate one, which the pipeline role may not do (it deregisters
+  # only gpuforge-tagged images: packer/iam/pipeline-policy.json).
   launch_block_device_mappings {
     device_name           = "/dev/sda1"
     volume_size           = var.root_volume_size_gib
