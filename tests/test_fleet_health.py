@@ -9,6 +9,7 @@ it fail.
 
 from __future__ import annotations
 
+import http.server
 import importlib.machinery
 import importlib.util
 import json
@@ -16,6 +17,8 @@ import resource
 import shlex
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -781,3 +784,56 @@ def test_row_remapping_not_supported_is_skipped_not_failed(config: dict[str, Any
     tools.set("nvidia-smi", REMAP_QUERY, 'Field "remapped_rows.pending" is Not Supported on this GPU\n', 2)
     result = by_check(HEALTH.run_checks(config, "adhoc"))["gpu_row_remap"]
     assert result["status"] == "skipped" and "not supported" in result["detail"]
+
+
+class FakeIMDS(http.server.BaseHTTPRequestHandler):
+    """IMDSv2 on loopback (a test double): a token for a PUT, the instance type for that token only."""
+
+    instance_type = "g6.48xlarge"
+
+    def do_PUT(self) -> None:
+        ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+        self._reply(200 if ok else 400, "fake-token")
+
+    def do_GET(self) -> None:
+        ok = self.path == "/latest/meta-data/instance-type"
+        authorized = self.headers.get("X-aws-ec2-metadata-token") == "fake-token"
+        self._reply(200 if ok and authorized else 401, self.instance_type)
+
+    def _reply(self, code: int, body: str) -> None:
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def imds() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeIMDS)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_the_instance_type_comes_from_imds_at_run_time(config: dict[str, Any], imds: str) -> None:
+    """On EC2 the checks judge the type IMDSv2 names now (an image configured on a p5 booted as a g6)."""
+    dmi = Path(config["sys_root"]) / "sys" / "class" / "dmi" / "id"
+    dmi.mkdir(parents=True)
+    (dmi / "board_vendor").write_text("Amazon EC2\n")
+    config.update(imds=True, imds_endpoint=imds)
+    assert HEALTH.resolve_instance_type(config) == "g6.48xlarge"
+    results = by_check(HEALTH.run_checks(config, "adhoc"))
+    assert results["nvlink_state"]["detail"] == "g6.48xlarge has no NVSwitch"
+    assert results["gpu_model"]["status"] == "fail"  # the stand-in's H100s are not a g6's L4s
+    # Off EC2, or with IMDS off, the recorded type stands.
+    (dmi / "board_vendor").write_text("QEMU\n")
+    assert HEALTH.resolve_instance_type(config) == "p5.48xlarge"
+    (dmi / "board_vendor").write_text("Amazon EC2\n")
+    config["imds"] = False
+    assert HEALTH.resolve_instance_type(config) == "p5.48xlarge"
+    # IMDS unreachable: the recorded type, not a failure to start.
+    config.update(imds=True, imds_endpoint="http://127.0.0.1:9")
+    assert HEALTH.resolve_instance_type(config) == "p5.48xlarge"
