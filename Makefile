@@ -80,6 +80,8 @@ lint: setup
 	yamllint -s .
 	ansible-lint
 	packer fmt -check packer/
+	# GitHub Actions: pinned SHAs, no credential persistence, no expressions in scripts.
+	zizmor --offline --persona=auditor .github/workflows/
 
 pytest: setup
 	pytest
