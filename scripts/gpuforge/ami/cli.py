@@ -73,6 +73,14 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--root-volume-size", type=positive_int, default=100, metavar="GIB")
     parser.add_argument(
+        "--copy-region",
+        type=nonempty,
+        action="append",
+        default=[],
+        metavar="REGION",
+        help="also copy the image to REGION (Packer's ami_regions), tagged like the original; repeatable",
+    )
+    parser.add_argument(
         "--extra-vars", type=Path, metavar="FILE", help="YAML/JSON vars for ansible-playbook -e @FILE"
     )
     parser.add_argument(
@@ -180,6 +188,7 @@ def _options(args: argparse.Namespace) -> bake.BakeOptions:
         root_volume_size_gib=args.root_volume_size,
         extra_vars_file=args.extra_vars,
         work_dir=args.work_dir,
+        ami_regions=tuple(args.copy_region),
     )
 
 
@@ -285,6 +294,9 @@ def _prune(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "delete"
     for image in result.delete:
         print(f"{verb:8} {image.id}  {image.name}  snapshots: {', '.join(image.snapshot_ids) or 'none'}")
+    for copy_region, copy in result.delete_copies:
+        snapshots = ", ".join(copy.snapshot_ids) or "none"
+        print(f"{verb:8} {copy.id}  {copy.name}  (copy in {copy_region})  snapshots: {snapshots}")
     if not args.dry_run:
         prune.execute(result, region)
     return 0

@@ -23,6 +23,8 @@ SOURCE_AMI_TAG = "gpuforge:source-ami-id"
 SOURCE_AMI_NAME_TAG = "gpuforge:source-ami-name"
 GIT_REVISION_TAG = "gpuforge:git-revision"
 BUILD_TIME_TAG = "gpuforge:build-time"
+# Comma-separated regions a bake copied the image to (Packer's ami_regions); every copy carries it too.
+COPY_REGIONS_TAG = "gpuforge:copy-regions"
 
 # The public SSM parameter AWS keeps pointed at the newest Ubuntu 22.04 Deep Learning Base GPU AMI.
 DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
