@@ -104,8 +104,9 @@ def up(name: str, nodes: int, attempts: int = 2, image: str | None = None) -> La
 # The lab cannot reach NVIDIA's repositories: this playbook builds signed TEST-FIXTURE stand-ins on
 # the hosts, and FIXTURE_VARS points the NVIDIA roles at them (`make demo` does the same). The EFA
 # and PyTorch stand-ins come from the lab's artifact server through inventory/group_vars.
-FIXTURE_PLAYBOOK = "molecule/nvidia/prepare.yml"
-FIXTURE_VARS = "molecule/nvidia/vars/fixtures.yml"
+FIXTURE_PLAYBOOK = "tests/fixtures/nvidia/prepare.yml"
+# Also the lab group's group_vars: passing it with -e is redundant on a lab, kept for old callers.
+FIXTURE_VARS = "inventory/group_vars/gpuforge_lab/nvidia_fixtures.yml"
 
 
 def prepare_fixtures(env: dict[str, str]) -> None:
@@ -132,7 +133,7 @@ def write_bake_vars(work_dir: Path) -> Path:
     wheel of PyTorch) are handed over as extra vars instead.
     """
     merged: dict[str, Any] = {}
-    for source in (FIXTURE_VARS, "inventory/group_vars/gpuforge_lab.yml"):
+    for source in (FIXTURE_VARS, "inventory/group_vars/gpuforge_lab/artifacts.yml"):
         merged.update(yaml.safe_load((paths.repo_root() / source).read_text()))
     path = work_dir / "lab-vars.yml"
     path.write_text(yaml.safe_dump(merged))
@@ -212,4 +213,41 @@ def restart_host(name: str, host_name: str) -> None:
         raise ExternalError(f"host {host_name}'s root {root} is no longer mounted")
     node.pid = host.boot(lab, node, root)
     state.save(lab)
+    host.wait_ssh(lab, node)
+
+
+def _in_host(name: str, host_name: str, *command: str) -> subprocess.CompletedProcess[str]:
+    """Run a command inside a running host's namespaces from the control host (not over SSH)."""
+    _, node = _host_state(name, host_name)
+    if not (node.pid and system.pid_alive(node.pid, node.netns)):
+        raise UserError(f"host {host_name} is not running")
+    children = Path(f"/proc/{node.pid}/task/{node.pid}/children").read_text().split()
+    if not children:
+        raise ExternalError(f"host {host_name}: systemd-nspawn (pid {node.pid}) has no container init")
+    nsenter = ["nsenter", "--target", children[0], "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
+    return subprocess.run([*nsenter, *command], capture_output=True, text=True, check=False, timeout=60)
+
+
+def stop_sshd(name: str, host_name: str) -> None:
+    """Stop the host's SSH daemon and end its sessions; the host itself keeps running.
+
+    The listener goes (`systemctl stop ssh`) and so do the per-connection sshd processes that
+    Debian's unit leaves behind (KillMode=process), so open ControlMaster connections drop too:
+    every new SSH connection is refused, as on a node whose sshd died.
+    """
+    stopped = _in_host(name, host_name, "systemctl", "stop", "ssh.service", "ssh.socket")
+    if stopped.returncode != 0:
+        raise ExternalError(f"host {host_name}: systemctl stop ssh failed: {stopped.stderr.strip()}")
+    # pkill exits 1 when no session was left: nothing to end.
+    killed = _in_host(name, host_name, "pkill", "-KILL", "-x", "sshd")
+    if killed.returncode not in (0, 1):
+        raise ExternalError(f"host {host_name}: pkill sshd failed: {killed.stderr.strip()}")
+
+
+def start_sshd(name: str, host_name: str) -> None:
+    """Start the host's SSH daemon again (after stop_sshd) and wait until it answers."""
+    started = _in_host(name, host_name, "systemctl", "start", "ssh.service")
+    if started.returncode != 0:
+        raise ExternalError(f"host {host_name}: systemctl start ssh failed: {started.stderr.strip()}")
+    lab, node = _host_state(name, host_name)
     host.wait_ssh(lab, node)
