@@ -17,6 +17,8 @@ DEMO_MOTO_PORT ?= 5100
 # for `packer validate` and the local bake, promtool for the alert-rule tests, gpg for the
 # signed-download tests, gcc for the stand-in plugin in the EFA fixture, git for ansible-pull,
 # shellcheck for the shell scripts we ship.
+POLICY_RC_D ?= /usr/sbin/policy-rc.d
+APT_GET ?= apt-get
 APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg curl gcc packer prometheus shellcheck
 
 PY_SOURCES := scripts tests molecule bench plugins
@@ -25,18 +27,24 @@ PY_SOURCES := scripts tests molecule bench plugins
 
 help:
 	@echo "make demo   - set up, start the local lab ($(DEMO_NODES) hosts + emulated EC2) and run site.yml on it"
-	@echo "make test   - set up, then run every check: lint, pytest, molecule"
+	@echo "make test   - set up, then run every check (lint, pytest, molecule) side by side, with a timing table"
 	@echo "make lint | pytest | molecule | lab-down"
 
 setup: $(STAMPS)/apt $(STAMPS)/venv
 
 $(STAMPS)/apt:
 	@mkdir -p $(STAMPS)
-	# Packages must not start their services on the control host (prometheus would).
-	printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null
-	rm -f /usr/sbin/policy-rc.d
+	# Packages must not start their services on the control host (prometheus would), so a deny-all
+	# policy-rc.d is in place while apt-get runs. One that was there before is kept aside (in
+	# $(STAMPS), not next to it) and put back afterwards, also when apt-get fails or is interrupted;
+	# otherwise ours is removed. tests/test_makefile.py runs this recipe on temporary paths.
+	saved="$(STAMPS)/policy-rc.d.saved"; had=no; \
+	if [ -e "$(POLICY_RC_D)" ] || [ -L "$(POLICY_RC_D)" ]; then cp -a "$(POLICY_RC_D)" "$$saved"; had=yes; fi; \
+	restore() { if [ "$$had" = yes ]; then mv -f "$$saved" "$(POLICY_RC_D)"; else rm -f "$(POLICY_RC_D)"; fi; }; \
+	trap restore EXIT; trap 'exit 130' INT TERM; \
+	rm -f "$(POLICY_RC_D)"; printf '#!/bin/sh\nexit 101\n' > "$(POLICY_RC_D)"; chmod 0755 "$(POLICY_RC_D)"; \
+	$(APT_GET) update -qq; \
+	DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null
 	touch $@
 
 $(STAMPS)/venv: pyproject.toml requirements/constraints.txt
@@ -58,7 +66,11 @@ demo: setup
 	  ansible-playbook site.yml -e @molecule/nvidia/vars/fixtures.yml
 	@echo "The lab stays up: explore with 'eval \"\$$(gpuforge lab env --name $(DEMO_LAB))\"'; remove it with 'make lab-down'."
 
-test: setup lint pytest molecule
+# Lint, the pytest groups and the Molecule scenarios run side by side (most of their time is
+# spent waiting on lab hosts), then a table of phase timings; see scripts/ci/testrun.py.
+# GPUFORGE_CI_JOBS caps how many phases run at once. `make pytest` / `make molecule` stay serial.
+test:
+	python3 scripts/ci/testrun.py
 
 lint: setup
 	ruff check $(PY_SOURCES)
@@ -67,6 +79,8 @@ lint: setup
 	yamllint -s .
 	ansible-lint
 	packer fmt -check packer/
+	# GitHub Actions: pinned SHAs, no credential persistence, no expressions in scripts.
+	zizmor --offline --persona=auditor .github/workflows/
 
 pytest: setup
 	pytest

@@ -42,7 +42,7 @@ DEFAULTS_CFG = """\
 [defaults]
 roles_path = {repo}/roles
 inventory = {repo}/inventory/aws_ec2.yml
-collections_path = {repo}/.cache/collections:~/.ansible/collections:/usr/share/ansible/collections
+collections_path = {repo}/collections:~/.ansible/collections:/usr/share/ansible/collections
 host_key_checking = False
 interpreter_python = auto_silent
 

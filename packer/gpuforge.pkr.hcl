@@ -59,9 +59,10 @@ source "amazon-ebs" "gpu" {
     }
   }
 
-  # The root volume is gp3 and encrypted from launch, so no unencrypted snapshot ever exists.
-  encrypt_boot = true
-  kms_key_id   = var.kms_key_id
+  # The root volume is gp3 and encrypted from launch, so the image's snapshot is encrypted with the
+  # same key and no unencrypted snapshot ever exists. No encrypt_boot: it would copy the image and
+  # then delete an untagged intermediate one, which the pipeline role may not do (it deregisters
+  # only gpuforge-tagged images: packer/iam/pipeline-policy.json).
   launch_block_device_mappings {
     device_name           = "/dev/sda1"
     volume_size           = var.root_volume_size_gib
@@ -121,7 +122,6 @@ build {
     ], local.ansible_extra_vars)
     ansible_env_vars = [
       "ANSIBLE_CONFIG=${var.repo_root}/ansible.cfg",
-      "ANSIBLE_ROLES_PATH=${var.repo_root}/roles",
       "ANSIBLE_HOST_KEY_CHECKING=False",
     ]
   }

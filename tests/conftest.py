@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+import iamaudit
 import labtools
 from gpuforge import aws as gpuforge_aws
 from gpuforge.lab.moto import MotoServer, free_port
@@ -22,6 +24,31 @@ REPO = Path(__file__).resolve().parents[1]
 # a region: botocore would, whenever a test runs without credentials. Subprocesses inherit this.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 FLEET_LAB = labtools.lab_name("pytest")
+
+# Every AWS call any test makes through gpuforge.aws (in this process or a gpuforge subprocess)
+# lands here; the session fails at the end if the pipeline made one its IAM policy does not grant.
+AWS_CALL_LOG = Path(
+    os.environ.setdefault(
+        gpuforge_aws.CALL_LOG_ENV, str(Path(tempfile.mkdtemp(prefix="gpuforge-aws-calls-")) / "calls.jsonl")
+    )
+)
+
+
+_UNGRANTED: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _UNGRANTED[:] = iamaudit.ungranted(iamaudit.recorded_actions(AWS_CALL_LOG), iamaudit.load_policy())
+    if _UNGRANTED:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _UNGRANTED:
+        terminalreporter.section("AWS calls the pipeline's IAM policy does not grant", red=True)
+        terminalreporter.write_line("packer/iam/pipeline-policy.json lacks (the session fails):")
+        for line in _UNGRANTED:
+            terminalreporter.write_line(f"  {line}")
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,9 @@ import pytest
 
 from gpuforge.bench import labrun
 from gpuforge.lab import core as lab_core
+from gpuforge.lab import host, state
+from gpuforge.lab import images as lab_images
+from gpuforge.lab import rootfs as lab_rootfs
 from gpuforge.lab.moto import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,3 +115,22 @@ def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subproce
         env={**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"},
         timeout=timeout,
     )
+
+
+def relaunch(lab_name: str, host_name: str) -> None:
+    """Boot a lab host again from its own disk, with new SSH host keys and the lab's login key.
+
+    What EC2 does with an instance of a sanitized image: the disk (the host's writable layer) is
+    kept, cloud-init makes new host keys and installs the login key. A host sanitized by
+    `gpuforge bake --local` answers SSH again without copying its tree into an image first.
+    """
+    lab_state = state.load(lab_name)
+    assert lab_state is not None, f"lab {lab_name} is not up"
+    (node,) = [h for h in lab_state.hosts if host_name in (h.name, h.ip)]
+    host.stop(lab_state, node)
+    lower = lab_images.rootfs(lab_state.image) if lab_state.image else lab_rootfs.rootfs_path()
+    root = host.mount_overlay(lab_state, node, lower)
+    host.personalise(lab_state, node, root, Path(lab_state.ssh_key).with_suffix(".pub").read_text())
+    node.pid = host.boot(lab_state, node, root)
+    state.save(lab_state)
+    host.wait_ssh(lab_state, node)

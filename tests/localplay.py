@@ -66,7 +66,6 @@ def run_cases(out: Path, cases: dict[str, list[dict[str, Any]]], play_vars: dict
         timeout=600,
         env={
             "PATH": f"{BIN}:/usr/bin:/bin",
-            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
             "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
             "HOME": str(out),
         },

@@ -306,15 +306,18 @@ def test_failed_bake_registers_no_image_and_moves_no_parameter(
 
 
 def test_bake_cli_publishes_parameter_and_cluster_config(
-    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    aws: MotoServer, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    _register_base("aws-parallelcluster-3.16.1-ubuntu-2204-lts-hvm-x86_64-202611010000")
     config = tmp_path / "cluster.yaml"
     config.write_text(json.dumps(_cluster_config()))
     code = cli.main(
         [
             "bake",
-            "--base-parameter",
-            BASE_PARAMETER,
+            "--flavor",
+            "pcluster",
+            "--base-owner",
+            "self",
             "--work-dir",
             str(tmp_path / "work"),
             "--parameter",
@@ -446,6 +449,17 @@ def test_bake_checks_cluster_configs_before_baking(
     assert cli.main([*argv, "--cluster-config", str(config)]) == 2
     assert _builds(fake_packer) == []
     assert _gpuforge_images() == []
+
+
+def test_bake_refuses_a_cluster_config_for_a_dlami_image_before_baking(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(json.dumps(_cluster_config()))
+    argv = ["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w")]
+    assert cli.main([*argv, "--cluster-config", str(config)]) == 2
+    assert "ParallelCluster configs take only pcluster-flavor images" in capsys.readouterr().err
+    assert _builds(fake_packer) == []
 
 
 def test_extra_vars_file_reaches_packer_as_absolute_path(

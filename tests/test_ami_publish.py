@@ -15,6 +15,7 @@ from gpuforge.ami import images, publish
 from gpuforge.errors import UserError
 from gpuforge.lab.moto import MotoServer
 from gpuforge.pcluster.config import load_config
+from imagetools import baked_image
 
 
 def _image(name: str) -> str:
@@ -41,23 +42,23 @@ def _config(queue_ami: str | None = None) -> dict[str, Any]:
 
 
 def test_publish_writes_parameter_and_patches_config(aws: MotoServer, tmp_path: Path) -> None:
-    ami = _image("gpuforge-dlami-1")
+    ami = baked_image("pcluster", "gpuforge-pcluster-1")
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump(_config()))
-    assert cli.main(["publish", "--ami", ami, "--cluster-config", str(config)]) == 0
-    assert publish.read_parameter("/gpuforge/ami/dlami/latest") == ami
-    parameter = boto3.client("ssm").get_parameter(Name="/gpuforge/ami/dlami/latest")["Parameter"]
+    assert cli.main(["publish", "--flavor", "pcluster", "--ami", ami, "--cluster-config", str(config)]) == 0
+    assert publish.read_parameter("/gpuforge/ami/pcluster/latest") == ami
+    parameter = boto3.client("ssm").get_parameter(Name="/gpuforge/ami/pcluster/latest")["Parameter"]
     assert parameter["DataType"] == "aws:ec2:image"
     assert load_config(config)["Image"]["CustomAmi"] == ami
 
-    newer = _image("gpuforge-dlami-2")
-    publish.publish(newer, "/gpuforge/ami/dlami/latest", [config])
-    assert publish.read_parameter("/gpuforge/ami/dlami/latest") == newer
+    newer = baked_image("pcluster", "gpuforge-pcluster-2")
+    publish.publish(newer, "/gpuforge/ami/pcluster/latest", [config], flavor="pcluster")
+    assert publish.read_parameter("/gpuforge/ami/pcluster/latest") == newer
     assert load_config(config)["Image"]["CustomAmi"] == newer
 
 
 def test_publish_per_queue(aws: MotoServer, tmp_path: Path) -> None:
-    ami = _image("gpuforge-pcluster-1")
+    ami = baked_image("pcluster", "gpuforge-pcluster-1")
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump(_config()))
     publish.publish(ami, "/gpuforge/ami/pcluster/latest", [config], queues=["gpu"])
@@ -67,14 +68,14 @@ def test_publish_per_queue(aws: MotoServer, tmp_path: Path) -> None:
 
 
 def test_publish_invalid_config_moves_nothing(aws: MotoServer, tmp_path: Path) -> None:
-    old = _image("gpuforge-dlami-old")
+    old = baked_image("pcluster", "gpuforge-pcluster-old")
     publish.write_parameter("/gpuforge/ami/dlami/latest", old)
     bad = _config()
     bad["HeadNode"]["InstanceType"] = 42  # the schema wants a string
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump(bad))
     before = config.read_text()
-    new = _image("gpuforge-dlami-new")
+    new = baked_image("pcluster", "gpuforge-pcluster-new")
     with pytest.raises(UserError, match="ParallelCluster"):
         publish.publish(new, "/gpuforge/ami/dlami/latest", [config])
     assert publish.read_parameter("/gpuforge/ami/dlami/latest") == old
@@ -111,3 +112,135 @@ def test_resolve_pcluster_base_picks_newest_of_release(aws: MotoServer) -> None:
     # Owner "amazon" is what production asks for; these test images are not Amazon's.
     with pytest.raises(UserError, match="owned by amazon"):
         images.resolve_base("pcluster", pcluster_version="3.16.1")
+
+
+# --- The image check before anything points at an image (issue 17) ---
+
+COMMENTED_CONFIG = """\
+# Training cluster for team A: keep this comment.
+Region: us-east-1
+Image:
+  Os: 'ubuntu2204'   # quoted on purpose
+HeadNode:
+  InstanceType: c5.2xlarge
+  Networking:
+    SubnetId: "subnet-0123456789abcdef0"
+Scheduling:
+  Scheduler: slurm
+  SlurmQueues:
+    - Name: gpu
+      # p5 capacity block, see the runbook.
+      ComputeResources:
+        - Name: p5
+          InstanceType: p5.48xlarge
+          MinCount: 0
+          MaxCount: 4
+      Networking:
+        SubnetIds: ["subnet-0123456789abcdef0"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("flavor", "tags", "argv", "message"),
+    [
+        ("dlami", None, ["--flavor", "pcluster"], "it is a dlami-flavor image, not pcluster"),
+        ("dlami", None, ["--flavor", "dlami", "--cluster-config", "{config}"], "take only pcluster-flavor"),
+        (
+            "pcluster",
+            {"Name": "hand-made"},
+            ["--flavor", "pcluster"],
+            "lacks the gpuforge tags gpuforge:flavor",
+        ),
+        (
+            "pcluster",
+            {
+                "gpuforge:flavor": "pcluster",
+                "gpuforge:build-id": "b",
+                "gpuforge:source-ami-id": "ami-785db401",
+                "gpuforge:versions-hash": "h",
+            },
+            ["--flavor", "pcluster", "--cluster-config", "{config}"],
+            "no parallelcluster:version tag",
+        ),
+        (
+            "pcluster",
+            {
+                "gpuforge:flavor": "pcluster",
+                "gpuforge:build-id": "b",
+                "gpuforge:source-ami-id": "ami-785db401",
+                "gpuforge:versions-hash": "h",
+                "parallelcluster:version": "3.9.0",
+                "parallelcluster:build_status": "available",
+            },
+            ["--flavor", "pcluster", "--cluster-config", "{config}"],
+            "made for ParallelCluster 3.9.0, this checkout uses 3.16.1",
+        ),
+    ],
+    ids=["flavor-mismatch", "dlami-into-pcluster-config", "not-gpuforge", "no-pcluster-tags", "old-pcluster"],
+)
+def test_publish_refuses_an_unfit_image_unless_forced(
+    aws: MotoServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flavor: str,
+    tags: dict[str, str] | None,
+    argv: list[str],
+    message: str,
+) -> None:
+    ami = baked_image(flavor, tags=tags)
+    config = tmp_path / "cluster.yaml"
+    config.write_text(COMMENTED_CONFIG)
+    argv = [a.replace("{config}", str(config)) for a in argv]
+    assert cli.main(["publish", "--ami", ami, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpuforge: error: image {ami} cannot be used"), err
+    assert message in err and "--force" in err
+    assert boto3.client("ssm").describe_parameters()["Parameters"] == []
+    assert config.read_text() == COMMENTED_CONFIG
+    # --force publishes, and says what it overrode.
+    assert cli.main(["publish", "--ami", ami, *argv, "--force"]) == 0
+    assert publish.read_parameter(f"/gpuforge/ami/{argv[1]}/latest") == ami
+
+
+def test_force_warns(aws: MotoServer, caplog: pytest.LogCaptureFixture) -> None:
+    ami = baked_image("dlami")
+    publish.publish(ami, "/gpuforge/ami/pcluster/latest", flavor="pcluster", force=True)
+    assert f"--force: using {ami} for SSM parameter /gpuforge/ami/pcluster/latest although it is a dlami" in (
+        caplog.text
+    )
+
+
+def test_unavailable_image_is_refused() -> None:
+    from gpuforge.ami import fitness
+
+    pending = images.Image("ami-0123456789abcdef0", "x", "", "pending", {}, ())
+    found = fitness.problems(pending, "dlami", for_pcluster=False)
+    assert found[0] == "it is pending, not available"
+
+
+def test_publish_keeps_comments_order_and_quoting(aws: MotoServer, tmp_path: Path) -> None:
+    ami = baked_image("pcluster")
+    config = tmp_path / "cluster.yaml"
+    config.write_text(COMMENTED_CONFIG)
+    assert cli.main(["publish", "--flavor", "pcluster", "--ami", ami, "--cluster-config", str(config)]) == 0
+    expected = COMMENTED_CONFIG.replace(
+        "  Os: 'ubuntu2204'   # quoted on purpose\n",
+        f"  Os: 'ubuntu2204'   # quoted on purpose\n  CustomAmi: {ami}\n",
+    )
+    assert config.read_text() == expected
+    # Per queue: the new Image goes into the queue, everything else stays as written.
+    newer = baked_image("pcluster")
+    publish.publish(newer, "/gpuforge/ami/pcluster/latest", [config], queues=["gpu"], flavor="pcluster")
+    text = config.read_text()
+    assert text.startswith("# Training cluster for team A: keep this comment.\n")
+    assert "      # p5 capacity block, see the runbook.\n" in text
+    assert 'SubnetId: "subnet-0123456789abcdef0"' in text and '["subnet-0123456789abcdef0"]' in text
+    assert load_config(config)["Scheduling"]["SlurmQueues"][0]["Image"] == {"CustomAmi": newer}
+
+
+def test_publish_refuses_a_config_of_another_region(aws: MotoServer, tmp_path: Path) -> None:
+    ami = baked_image("pcluster")
+    config = tmp_path / "cluster.yaml"
+    config.write_text(COMMENTED_CONFIG.replace("Region: us-east-1", "Region: eu-west-1"))
+    with pytest.raises(UserError, match="is for eu-west-1, the image is in us-east-1"):
+        publish.publish(ami, "/gpuforge/ami/pcluster/latest", [config], flavor="pcluster")

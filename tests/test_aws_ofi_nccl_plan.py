@@ -78,7 +78,10 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         dirs = _prepare(root, case, plugins)
         cases[case] = [
             {
-                "ansible.builtin.include_role": {"name": "aws_ofi_nccl", "tasks_from": "probe.yml"},
+                "ansible.builtin.include_role": {
+                    "name": "gpuforge.gpu.aws_ofi_nccl",
+                    "tasks_from": "probe.yml",
+                },
                 "vars": {
                     "aws_ofi_nccl_bundled_prefix": dirs["prefix"],
                     "aws_ofi_nccl_cuda_home": dirs["cuda_home"],

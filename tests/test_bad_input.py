@@ -33,6 +33,7 @@ class Case:
     codes: tuple[int, ...] = (2,)
     files: dict[str, str] = field(default_factory=dict)  # name -> content, written to tmp_path
     needs_root: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # added to the credential-free environment
     known_gap: str | None = None  # xfail reason: the message or behaviour still to fix
 
 
@@ -182,6 +183,38 @@ CASES = [
         HOW_TO_CREDENTIALS,
         codes=(1, 2),
     ),
+    # botocore's own errors (not API errors): one line each, never a traceback.
+    Case(
+        "bad-region",
+        ("prune", "--dry-run", "--region", "bad region!"),
+        r"gpuforge: error: Provided region_name 'bad region!' doesn't match a supported format",
+    ),
+    Case(
+        "bad-region-env",
+        ("publish", "--ami", "ami-12345678"),
+        r"gpuforge: error: Provided region_name 'us east 1' doesn't match",
+        env={"AWS_REGION": "us east 1"},
+    ),
+    Case(
+        "publish-empty-parameter",
+        ("publish", "--ami", "ami-12345678", "--parameter", ""),
+        r"must not be empty",
+    ),
+    Case("prune-empty-parameter", ("prune", "--parameter", ""), r"--parameter: must not be empty"),
+    Case("prune-empty-region", ("prune", "--region", ""), r"--region: must not be empty"),
+    Case(
+        "endpoint-down",
+        ("prune", "--dry-run"),
+        r"gpuforge: error: .*Could not connect to the endpoint URL: \"http://127\.0\.0\.1:9/\"$",
+        codes=(1,),
+        env={
+            "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+            "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            # Port 9 (discard) on loopback: nothing listens, the connection is refused at once.
+            "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+            "AWS_MAX_ATTEMPTS": "1",
+        },
+    ),
 ]
 
 
@@ -224,7 +257,7 @@ def test_bad_input_gives_a_clear_error(case: Case, tmp_path: Path) -> None:
         text=True,
         check=False,
         cwd=tmp_path,
-        env=_no_credentials_env(home),
+        env=_no_credentials_env(home) | case.env,
         timeout=120,
     )
     err = result.stderr.strip()

@@ -88,7 +88,6 @@ def run_play(
     )
     env = {
         **os.environ,
-        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_NOCOLOR": "1",
     }
@@ -104,7 +103,9 @@ def run_play(
 
 
 def run_efa(lab: dict[str, Any], tmp_path: Path, extra: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return run_play(lab, tmp_path, [{"ansible.builtin.include_role": {"name": "efa"}, "vars": extra}])
+    return run_play(
+        lab, tmp_path, [{"ansible.builtin.include_role": {"name": "gpuforge.gpu.efa"}, "vars": extra}]
+    )
 
 
 def good_vars(url: str, built: fixtures.Fixtures) -> dict[str, Any]:
@@ -145,7 +146,7 @@ def refused(
                 "name": f"Case {case}",
                 "block": [
                     {
-                        "ansible.builtin.include_role": {"name": "efa"},
+                        "ansible.builtin.include_role": {"name": "gpuforge.gpu.efa"},
                         "vars": {**good_vars(url, built), **values},
                     }
                 ],

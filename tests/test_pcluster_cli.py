@@ -1,4 +1,6 @@
-"""`gpuforge cluster-config` through gpuforge.cli.main: exit codes 0 (ok) and 2 (bad input); no AWS."""
+"""`gpuforge cluster-config` through gpuforge.cli.main: exit codes 0 (ok) and 2 (bad input).
+
+generate and validate make no AWS call; set-ami checks the image in moto (the test double for EC2)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ import pytest
 import yaml
 
 from gpuforge import cli
+from gpuforge.lab.moto import MotoServer
 from gpuforge.pcluster.config import custom_amis, load_config
+from imagetools import baked_image
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster-spec.yml"
-NEW_AMI = "ami-0aaaaaaaaaaaaaaaa"
 
 
 @pytest.fixture(autouse=True)
@@ -65,18 +68,31 @@ def test_validate_schema_error_exits_2(config_file: Path, capsys: pytest.Capture
     assert "Scheduling: Missing data for required field." in capsys.readouterr().err
 
 
-def test_set_ami_cluster_wide(config_file: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def pcluster_ami(aws: MotoServer) -> str:
+    """A pcluster-flavor gpuforge image in moto, tagged as a bake tags it."""
+    return baked_image("pcluster")
+
+
+def test_set_ami_cluster_wide(config_file: Path, tmp_path: Path, pcluster_ami: str) -> None:
     out = tmp_path / "patched.yml"
-    assert cli.main(["cluster-config", "set-ami", str(config_file), "--ami", NEW_AMI, "-o", str(out)]) == 0
-    assert custom_amis(load_config(out)) == {NEW_AMI}
-    assert load_config(config_file)["Image"]["CustomAmi"] != NEW_AMI, "the input file is untouched"
+    assert (
+        cli.main(["cluster-config", "set-ami", str(config_file), "--ami", pcluster_ami, "-o", str(out)]) == 0
+    )
+    assert custom_amis(load_config(out)) == {pcluster_ami}
+    assert load_config(config_file)["Image"]["CustomAmi"] != pcluster_ami, "the input file is untouched"
 
 
-def test_set_ami_per_queue_to_stdout(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["cluster-config", "set-ami", str(config_file), "--ami", NEW_AMI, "--queue", "gpu"]) == 0
+def test_set_ami_per_queue_to_stdout(
+    config_file: Path, capsys: pytest.CaptureFixture[str], pcluster_ami: str
+) -> None:
+    assert (
+        cli.main(["cluster-config", "set-ami", str(config_file), "--ami", pcluster_ami, "--queue", "gpu"])
+        == 0
+    )
     patched = yaml.safe_load(capsys.readouterr().out)
     queues = {q["Name"]: q for q in patched["Scheduling"]["SlurmQueues"]}
-    assert queues["gpu"]["Image"] == {"CustomAmi": NEW_AMI}
+    assert queues["gpu"]["Image"] == {"CustomAmi": pcluster_ami}
     assert "Image" not in queues["cpu"]
 
 
@@ -84,7 +100,7 @@ def test_set_ami_per_queue_to_stdout(config_file: Path, capsys: pytest.CaptureFi
     ("extra", "fragment"),
     [
         (
-            ["--ami", NEW_AMI, "--queue", "nope"],
+            ["--ami", "ami-0aaaaaaaaaaaaaaaa", "--queue", "nope"],
             "unknown queue(s) nope; the config's Slurm queues are: gpu, cpu",
         ),
         (["--ami", "ami-bad"], "invalid AMI id 'ami-bad'"),
@@ -101,3 +117,56 @@ def test_set_ami_requires_ami(config_file: Path) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main(["cluster-config", "set-ami", str(config_file)])
     assert info.value.code == 2
+
+
+def test_set_ami_refuses_a_dlami_image_unless_forced(
+    config_file: Path, aws: MotoServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    dlami = baked_image("dlami")
+    out = tmp_path / "out.yml"
+    assert cli.main(["cluster-config", "set-ami", str(config_file), "--ami", dlami, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "ParallelCluster configs take only pcluster-flavor images, this is dlami" in err
+    assert not out.exists()
+    argv = ["cluster-config", "set-ami", str(config_file), "--ami", dlami, "-o", str(out), "--force"]
+    assert cli.main(argv) == 0
+    assert custom_amis(load_config(out)) == {dlami}
+
+
+def test_set_ami_refuses_an_image_that_does_not_exist(config_file: Path, aws: MotoServer) -> None:
+    assert cli.main(["cluster-config", "set-ami", str(config_file), "--ami", "ami-0aaaaaaaaaaaaaaaa"]) == 2
+
+
+def test_set_ami_keeps_comments_order_and_quoting(tmp_path: Path, pcluster_ami: str) -> None:
+    text = EXAMPLE_CONFIG_WITH_COMMENTS
+    config = tmp_path / "cluster.yml"
+    config.write_text(text)
+    out = tmp_path / "out.yml"
+    assert cli.main(["cluster-config", "set-ami", str(config), "--ami", pcluster_ami, "-o", str(out)]) == 0
+    assert out.read_text() == text.replace("CustomAmi: ami-0123456789abcdef0", f"CustomAmi: {pcluster_ami}")
+
+
+EXAMPLE_CONFIG_WITH_COMMENTS = """\
+# Owned by the training platform team.
+Region: us-east-1
+Image:
+  Os: "ubuntu2204"
+  CustomAmi: ami-0123456789abcdef0  # moved by gpuforge publish
+HeadNode:
+  InstanceType: c5.2xlarge
+  Networking:
+    SubnetId: 'subnet-0123456789abcdef0'
+  Ssh: {KeyName: ops}
+Scheduling:
+  Scheduler: slurm
+  SlurmQueues:
+    - Name: gpu
+      ComputeResources:
+        - Name: p5
+          InstanceType: p5.48xlarge
+          MinCount: 0
+          MaxCount: 2  # the capacity block's size
+      Networking:
+        SubnetIds:
+          - subnet-0123456789abcdef0
+"""

@@ -36,7 +36,7 @@ EFA_PACKAGES_PLAY = """\
   hosts: all
   become: true
   roles:
-    - role: efa
+    - role: gpuforge.gpu.efa
       vars:
         efa_install_enabled: false
         efa_installer_sha256: "{zeros}"

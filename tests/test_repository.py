@@ -38,7 +38,10 @@ def test_requirements_yml_is_satisfied_by_the_pinned_ansible_package() -> None:
 def test_ansible_cfg_points_at_this_repository() -> None:
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "ansible.cfg")
-    assert cfg["defaults"]["roles_path"] == "./roles"
+    # Roles come from the collection this checkout is (./collections links back here), by FQCN only.
+    assert "roles_path" not in cfg["defaults"]
+    assert cfg["defaults"]["collections_path"].split(":")[0] == "./collections"
+    assert (REPO / "collections/ansible_collections/gpuforge/gpu").resolve() == REPO
     assert cfg["defaults"]["inventory"] == "./inventory/aws_ec2.yml"
     assert cfg["ssh_connection"].getboolean("pipelining")
     assert cfg["defaults"]["fact_caching"] == "jsonfile"

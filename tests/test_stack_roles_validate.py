@@ -58,7 +58,7 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
 @pytest.fixture(scope="module")
 def messages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     cases = {
-        case: [{"ansible.builtin.include_role": {"name": role}, "vars": variables}]
+        case: [{"ansible.builtin.include_role": {"name": f"gpuforge.gpu.{role}"}, "vars": variables}]
         for case, (role, variables, _) in CASES.items()
     }
     play_vars = {"gpuforge_instance_type": "p5.48xlarge", "gpuforge_common_imds_enabled": False}

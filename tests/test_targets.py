@@ -159,7 +159,7 @@ def ansible_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         directory.mkdir()
         cases[case] = [
             {
-                "ansible.builtin.include_role": {"name": "gpuforge_common"},
+                "ansible.builtin.include_role": {"name": "gpuforge.gpu.gpuforge_common"},
                 "vars": {
                     "gpuforge_instance_type": builder,
                     "gpuforge_target_instance_types": names,

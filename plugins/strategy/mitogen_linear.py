@@ -9,4 +9,14 @@ plugin loader does not create a second copy of mitogen's types.
 
 from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule
 
+DOCUMENTATION = r"""
+name: mitogen_linear
+author: gpuforge
+short_description: Ansible's linear strategy over mitogen connections (opt-in)
+description:
+  - Re-exports mitogen's own mitogen_linear strategy, so that ansible.cfg names this collection's
+    plugins/strategy instead of a path inside the virtualenv.
+  - Needs the mitogen Python package (pip install 'gpuforge[mitogen]').
+"""
+
 __all__ = ["StrategyModule"]

@@ -6,13 +6,28 @@ lab points every client at moto_server; nothing here special-cases the lab.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.config import Config
 
-RETRY_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 10}, user_agent_extra="gpuforge")
+# AWS_MAX_ATTEMPTS (botocore's own setting) may lower the attempts, e.g. where an unreachable endpoint
+# should fail fast; adaptive retries stay.
+_MAX_ATTEMPTS = 10
+
+
+def _retry_config() -> Config:
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    return Config(
+        retries={"mode": "adaptive", "max_attempts": int(attempts) if attempts.isdigit() else _MAX_ATTEMPTS},
+        user_agent_extra="gpuforge",
+    )
+
+
 DEFAULT_REGION = "us-east-1"
 
 
@@ -20,9 +35,46 @@ def region() -> str:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
 
 
+# When set, every API call a gpuforge client makes is appended to this file as one JSON line
+# {"action": "ec2:DescribeImages", "caller": "gpuforge.ami.prune"}: the audit trail the IAM policy
+# test (tests/test_iam_policy.py) checks packer/iam/pipeline-policy.json against, and a way for
+# operators to see which permissions a command needs before they grant them.
+CALL_LOG_ENV = "GPUFORGE_AWS_CALL_LOG"
+
+
 def client(service: str, region_name: str | None = None) -> Any:
     """A boto3 client with adaptive retries (API throttling is retried, not fatal)."""
-    return boto3.session.Session().client(service, region_name=region_name or region(), config=RETRY_CONFIG)
+    made = boto3.session.Session().client(
+        service, region_name=region_name or region(), config=_retry_config()
+    )
+    log_path = os.environ.get(CALL_LOG_ENV)
+    if log_path:
+        _record_calls(made, log_path)
+    return made
+
+
+def _record_calls(made: Any, log_path: str) -> None:
+    # IAM action prefixes are the services' signing names (ec2, ssm, servicequotas, ...).
+    prefix = made.meta.service_model.signing_name
+
+    def before_call(model: Any, **_: Any) -> None:
+        # before-call fires once per HTTP request, so paginator pages and waiter polls are seen too.
+        line = json.dumps({"action": f"{prefix}:{model.name}", "caller": _caller_module()})
+        with Path(log_path).open("a", encoding="utf-8") as log:
+            log.write(line + "\n")
+
+    made.meta.events.register("before-call", before_call)
+
+
+def _caller_module() -> str:
+    """The gpuforge module that made the call (the first frame outside this one and botocore)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = str(frame.f_globals.get("__name__", ""))
+        if name.startswith("gpuforge.") and name != __name__:
+            return name
+        frame = frame.f_back  # type: ignore[assignment]
+    return "unknown"
 
 
 CREDENTIALS_HINT = (

@@ -14,3 +14,10 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+def nonempty(text: str) -> str:
+    """A value that must not be empty (an SSM parameter name, a region): an argparse error otherwise."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text

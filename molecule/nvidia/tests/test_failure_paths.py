@@ -34,7 +34,6 @@ def _play(playbook: str, extra: dict[str, object]) -> str:
     """
     env = dict(
         os.environ,
-        ANSIBLE_ROLES_PATH=str(SCENARIO.parent.parent / "roles"),
         ANSIBLE_FORCE_COLOR="0",
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_CALLBACK_RESULT_FORMAT="json",
@@ -102,7 +101,7 @@ def test_unknown_toolkit_version_fails_before_installing(host):
     output = _play(
         "role.yml",
         {
-            "negative_role": "nvidia_container_toolkit",
+            "negative_role": "gpuforge.gpu.nvidia_container_toolkit",
             "nvidia_container_toolkit_version": "1.99.0",
             "nvidia_container_toolkit_package_version": "1.99.0-1",
         },
@@ -115,7 +114,9 @@ def test_unknown_toolkit_version_fails_before_installing(host):
 
 def test_malformed_driver_version_fails_validation(host):
     """A driver version that is not an exact release ('latest') fails in validation."""
-    output = _play("role.yml", {"negative_role": "nvidia_driver", "nvidia_driver_version": "latest"})
+    output = _play(
+        "role.yml", {"negative_role": "gpuforge.gpu.nvidia_driver", "nvidia_driver_version": "latest"}
+    )
     assert "is not a known driver version string" in output
     assert host.package("nvidia-smi").version == PINS["nvidia_driver"]["debian_package_version"]
 
@@ -123,6 +124,8 @@ def test_malformed_driver_version_fails_validation(host):
 def test_wrong_exporter_checksum_keeps_the_verified_binary(host):
     """A dcgm-exporter artifact whose sha256 differs from the pin is refused; the binary is unchanged."""
     before = host.file("/usr/local/bin/dcgm-exporter").sha256sum
-    output = _play("role.yml", {"negative_role": "dcgm", "dcgm_exporter_binary_sha256": "0" * 64})
+    output = _play(
+        "role.yml", {"negative_role": "gpuforge.gpu.dcgm", "dcgm_exporter_binary_sha256": "0" * 64}
+    )
     assert "checksum" in output.lower()
     assert host.file("/usr/local/bin/dcgm-exporter").sha256sum == before

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from gpuforge import aws, targets, versions
-from gpuforge.ami import bake, images, prune, publish
-from gpuforge.cliargs import positive_int
+from gpuforge.ami import bake, iam, images, prune, publish, references
+from gpuforge.cliargs import nonempty, positive_int
 from gpuforge.errors import UserError
 
 LOG = logging.getLogger(__name__)
@@ -20,12 +21,14 @@ _DEFAULT_TARGETS_HELP = "; ".join(
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flavor", choices=images.FLAVORS, default="dlami", help="base image flavor")
-    parser.add_argument("--region", help="AWS region (default: AWS_REGION or us-east-1)")
+    parser.add_argument("--region", type=nonempty, help="AWS region (default: AWS_REGION or us-east-1)")
 
 
 def _add_publish(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--parameter", help="SSM parameter to point at the image (default /gpuforge/ami/FLAVOR/latest)"
+        "--parameter",
+        type=nonempty,
+        help="SSM parameter to point at the image (default /gpuforge/ami/FLAVOR/latest)",
     )
     parser.add_argument(
         "--cluster-config",
@@ -40,6 +43,12 @@ def _add_publish(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME",
         help="patch only this Slurm queue's Image.CustomAmi; repeatable",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="publish even an image that is not available, lacks gpuforge's or ParallelCluster's tags, "
+        "or is of another flavor (each finding is logged as a warning)",
     )
 
 
@@ -127,10 +136,18 @@ def register(sub: Any) -> None:
     p_prune.add_argument("--keep", type=positive_int, default=3, help="how many of the newest images to keep")
     p_prune.add_argument(
         "--parameter",
+        type=nonempty,
         action="append",
         default=[],
         metavar="NAME",
-        help="SSM parameter whose AMI must stay (default /gpuforge/ami/FLAVOR/latest); repeatable",
+        help="another SSM parameter whose AMI must stay, besides every parameter under --parameter-prefix "
+        "and the flavor's /gpuforge/ami/FLAVOR/latest; repeatable",
+    )
+    p_prune.add_argument(
+        "--parameter-prefix",
+        default=references.PROJECT_PREFIX,
+        metavar="PATH",
+        help=f"every SSM parameter under this path protects its AMI (default {references.PROJECT_PREFIX})",
     )
     p_prune.add_argument(
         "--cluster-config",
@@ -138,10 +155,34 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="PATH",
-        help="cluster config whose AMIs must stay; repeatable",
+        help="cluster config whose AMIs must stay, besides every ParallelCluster cluster found; repeatable",
+    )
+    p_prune.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="go on (with a warning) when a named parameter or a cluster's config does not exist",
     )
     p_prune.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
     p_prune.set_defaults(handler=_prune)
+
+    p_role = sub.add_parser(
+        "pipeline-role",
+        help="print the pipeline's least-privilege IAM policy, or a CloudFormation template with its roles",
+    )
+    p_role.add_argument(
+        "--format", choices=("policy", "cloudformation"), default="cloudformation", help="what to print"
+    )
+    p_role.add_argument(
+        "--github-repository",
+        metavar="OWNER/NAME",
+        help="also create the role GitHub Actions of this repository assume through OIDC",
+    )
+    p_role.add_argument(
+        "--github-environment",
+        default=iam.DEFAULT_ENVIRONMENT,
+        help="the workflow environment the OIDC trust requires (default %(default)s)",
+    )
+    p_role.set_defaults(handler=_pipeline_role)
 
 
 def _options(args: argparse.Namespace) -> bake.BakeOptions:
@@ -170,10 +211,18 @@ def _parameter(args: argparse.Namespace) -> str:
 
 def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> int:
     if not args.no_publish:
-        publish.check_configs(args.cluster_config, args.queue)
+        publish.check_configs(args.cluster_config, args.queue, options.region, options.flavor, args.force)
     image = bake.bake_aws(options)
     if not args.no_publish:
-        publish.publish(image.id, _parameter(args), args.cluster_config, args.queue, options.region)
+        publish.publish(
+            image.id,
+            _parameter(args),
+            args.cluster_config,
+            args.queue,
+            options.region,
+            flavor=options.flavor,
+            force=args.force,
+        )
     print(image.id)
     return 0
 
@@ -218,14 +267,36 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    publish.publish(args.ami, _parameter(args), args.cluster_config, args.queue, args.region)
+    publish.publish(
+        args.ami,
+        _parameter(args),
+        args.cluster_config,
+        args.queue,
+        args.region,
+        flavor=args.flavor,
+        force=args.force,
+    )
     print(args.ami)
     return 0
 
 
+def _pipeline_role(args: argparse.Namespace) -> int:
+    if args.format == "policy":
+        document = iam.policy_document()
+    else:
+        document = iam.cloudformation_template(args.github_repository, args.github_environment)
+    print(json.dumps(document, indent=2))
+    return 0
+
+
 def _prune(args: argparse.Namespace) -> int:
-    parameters = args.parameter or [publish.default_parameter(args.flavor)]
-    result = prune.plan(args.flavor, args.keep, parameters, args.cluster_config, args.region)
+    sources = references.Sources(
+        parameters=[publish.default_parameter(args.flavor), *args.parameter],
+        parameter_prefix=args.parameter_prefix,
+        configs=args.cluster_config,
+        allow_missing=args.allow_missing,
+    )
+    result = prune.plan(args.flavor, args.keep, sources, args.region)
     region = args.region or aws.region()
     for image in result.keep:
         print(f"keep     {image.id}  {image.name}  (one of the newest {args.keep})")

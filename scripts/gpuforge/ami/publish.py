@@ -10,8 +10,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from gpuforge import aws
-from gpuforge.ami import images
-from gpuforge.errors import ExternalError
+from gpuforge.ami import fitness
+from gpuforge.errors import ExternalError, UserError
 from gpuforge.pcluster import config as pcluster_config
 from gpuforge.pcluster.validate import validate
 
@@ -58,20 +58,43 @@ _PLACEHOLDER_AMI = "ami-00000000000000000"
 
 
 def _patched(
-    configs: Sequence[Path], ami_id: str, queues: Sequence[str] | None
+    configs: Sequence[Path], ami_id: str, queues: Sequence[str] | None, region: str | None
 ) -> list[tuple[Path, dict[str, Any]]]:
-    """Each config with ami_id set, checked against ParallelCluster's schema (UserError if one fails)."""
+    """Each config (a round-trip document) with ami_id set, checked against ParallelCluster's schema and
+    against the region the image lives in (UserError if one fails)."""
     patched = []
+    the_region = region or aws.region()
     for path in configs:
-        config = pcluster_config.set_custom_ami(pcluster_config.load_config(path), ami_id, queues)
-        validate(config)
-        patched.append((path, config))
+        document = pcluster_config.load_document(path)
+        config_region = document.get("Region")
+        if config_region is not None and config_region != the_region:
+            raise UserError(
+                f"cluster config {path} is for {config_region}, the image is in {the_region}: "
+                "publish with --region of the cluster, or copy the image there (ami_regions)"
+            )
+        document = pcluster_config.set_custom_ami(document, ami_id, queues)
+        validate(pcluster_config.plain(document))
+        patched.append((path, document))
     return patched
 
 
-def check_configs(configs: Sequence[Path], queues: Sequence[str] | None = None) -> None:
+def check_configs(
+    configs: Sequence[Path],
+    queues: Sequence[str] | None = None,
+    region: str | None = None,
+    flavor: str | None = None,
+    force: bool = False,
+) -> None:
     """Fail before a bake, not after it, when a config could not take the new image."""
-    _patched(configs, _PLACEHOLDER_AMI, queues)
+    if configs and flavor is not None and flavor != fitness.PCLUSTER_FLAVOR:
+        message = (
+            f"ParallelCluster configs take only {fitness.PCLUSTER_FLAVOR}-flavor images; "
+            f"this bake makes a {flavor} image (drop --cluster-config or bake --flavor pcluster)"
+        )
+        if not force:
+            raise UserError(message + " (--force to use it anyway)")
+        LOG.warning("--force: %s", message)
+    _patched(configs, _PLACEHOLDER_AMI, queues, region)
 
 
 def publish(
@@ -80,14 +103,23 @@ def publish(
     configs: Sequence[Path] = (),
     queues: Sequence[str] | None = None,
     region: str | None = None,
+    flavor: str | None = None,
+    force: bool = False,
 ) -> None:
-    """Publish an existing, available image. Configs are patched and validated before the parameter moves,
-    so a config the schema rejects leaves both the parameter and every config as they were."""
-    image = images.describe(ami_id, region)
-    if image.state != "available":
-        raise ExternalError(f"image {ami_id} is {image.state}, not available; not publishing it")
-    patched = _patched(configs, ami_id, queues)
+    """Publish an existing image that qualifies (gpuforge.ami.fitness: available, gpuforge's tags, the
+    parameter's flavor, and a pcluster image for ParallelCluster configs). Configs are patched and
+    validated before the parameter moves, so a config the schema rejects leaves both the parameter and
+    every config as they were; rewritten configs keep their comments, order and quoting."""
+    fitness.require(
+        ami_id,
+        region,
+        flavor=flavor,
+        for_pcluster=bool(configs),
+        force=force,
+        target=f"SSM parameter {parameter}" + (" and ParallelCluster configs" if configs else ""),
+    )
+    patched = _patched(configs, ami_id, queues, region)
     write_parameter(parameter, ami_id, region)
-    for path, config in patched:
-        pcluster_config.dump_config(config, path)
+    for path, document in patched:
+        pcluster_config.dump_document(document, path)
         LOG.info("%s now uses %s", path, ami_id)

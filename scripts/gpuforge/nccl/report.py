@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuforge.errors import UserError
 from gpuforge.nccl.evaluate import Evaluation
 from gpuforge.nccl.plot import plot
 
@@ -20,20 +21,40 @@ def slug(source: str) -> str:
 
 def to_dict(ev: Evaluation, png: str) -> dict[str, Any]:
     run = ev.run
+    network = run.network
     return {
         "source": run.source,
         "instance_type": ev.instance_type,
+        "collective": ev.identity.name,
+        "collective_from": ev.identity.how,
+        "ops": run.ops,
         "verdict": ev.verdict.value,
         "reasons": list(ev.reasons),
-        "expected_peak_busbw_gb_s": ev.peak_gb_s,
+        "nodes": ev.nodes,
+        "baseline": None
+        if ev.choice is None
+        else {
+            "file": str(ev.choice.file),
+            "nodes": ev.choice.entry.nodes,
+            "busbw_gb_s": ev.choice.entry.busbw_gb_s,
+            "size_bytes": ev.choice.entry.size_bytes,
+            "source": ev.choice.entry.source,
+        },
         "threshold": ev.threshold,
-        "large_message_bytes": ev.large_bytes,
-        "large_message_busbw_gb_s": ev.large_busbw_gb_s,
-        "ratio_to_peak": ev.ratio,
+        "busbw_gb_s": ev.busbw_gb_s,
+        "ratio_to_baseline": ev.ratio,
         "avg_busbw_gb_s": run.avg_busbw_gb_s,
+        "complete": run.complete,
+        "elided": run.elided,
         "hosts": run.hosts,
         "ranks": len(run.devices),
         "nccl_version": run.nccl_version,
+        "network": {
+            "description": network.describe(),
+            "networks": sorted(network.networks),
+            "ofi_version": network.ofi_version,
+            "providers": sorted(network.providers),
+        },
         "plot": png,
         "rows": [
             {
@@ -45,6 +66,7 @@ def to_dict(ev: Evaluation, png: str) -> dict[str, Any]:
                 "in_place_busbw_gb_s": r.in_place.busbw_gb_s,
                 "out_of_place_time_us": r.out_of_place.time_us,
                 "in_place_time_us": r.in_place.time_us,
+                "wrong": [r.out_of_place.wrong, r.in_place.wrong],
             }
             for r in run.rows
         ],
@@ -53,28 +75,40 @@ def to_dict(ev: Evaluation, png: str) -> dict[str, Any]:
 
 def _markdown(entries: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "# NCCL all_reduce_perf report",
+        "# NCCL tests report",
         "",
-        "| Run | Instance type | Large-message busbw (GB/s) | Expected peak (GB/s) | Ratio | Verdict |",
-        "|-----|---------------|---------------------------:|---------------------:|------:|---------|",
+        "| Run | Collective | Instance type | Nodes | busbw (GB/s) | Baseline (GB/s) | Ratio | Verdict |",
+        "|-----|------------|---------------|------:|-------------:|----------------:|------:|---------|",
     ]
     for e in entries:
-        busbw = "-" if e["large_message_busbw_gb_s"] is None else f"{e['large_message_busbw_gb_s']:.2f}"
-        ratio = "-" if e["ratio_to_peak"] is None else f"{e['ratio_to_peak']:.0%}"
+        busbw = "-" if e["busbw_gb_s"] is None else f"{e['busbw_gb_s']:.2f}"
+        expected = "-" if e["baseline"] is None else f"{e['baseline']['busbw_gb_s']:g}"
+        ratio = "-" if e["ratio_to_baseline"] is None else f"{e['ratio_to_baseline']:.0%}"
         lines.append(
-            f"| {e['source']} | {e['instance_type']} | {busbw} | {e['expected_peak_busbw_gb_s']:g} "
-            f"| {ratio} | {e['verdict']} |"
+            f"| {e['source']} | {e['collective'] or 'unknown'} | {e['instance_type']} | {e['nodes'] or '?'} "
+            f"| {busbw} | {expected} | {ratio} | {e['verdict']} |"
         )
     for e in entries:
         lines += ["", f"## {e['source']}", ""]
         lines += [f"- {reason}" for reason in e["reasons"]]
-        hosts = ", ".join(e["hosts"]) or "unknown"
-        lines += [f"- hosts: {hosts}; ranks: {e['ranks']}; NCCL {e['nccl_version'] or 'version not logged'}"]
+        hosts = ", ".join(e["hosts"]) or "not listed"
+        ops = ", ".join(e["ops"]) or "none"
+        lines += [
+            f"- hosts: {hosts}; ranks: {e['ranks']}; ops: {ops}; "
+            f"NCCL {e['nccl_version'] or 'version not logged'}"
+        ]
         lines += ["", f"![busbw vs size]({e['plot']})"]
     return "\n".join(lines) + "\n"
 
 
 def write(evaluations: Sequence[Evaluation], out_dir: Path) -> list[dict[str, Any]]:
+    try:
+        return _write(evaluations, out_dir)
+    except OSError as exc:
+        raise UserError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from exc
+
+
+def _write(evaluations: Sequence[Evaluation], out_dir: Path) -> list[dict[str, Any]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     entries = []
     used: set[str] = set()

@@ -7,7 +7,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuforge.pcluster.config import dump_config, load_config, load_yaml_mapping, set_custom_ami, to_yaml
+from gpuforge.pcluster.config import (
+    document_text,
+    dump_config,
+    dump_document,
+    load_config,
+    load_document,
+    load_yaml_mapping,
+    plain,
+    set_custom_ami,
+    to_yaml,
+)
 from gpuforge.pcluster.generate import generate
 from gpuforge.pcluster.validate import validate
 
@@ -33,9 +43,26 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _set_ami(args: argparse.Namespace) -> int:
-    patched = set_custom_ami(load_config(args.config), args.ami, args.queue)
-    validate(patched)
-    _emit(patched, args.output)
+    document = load_document(args.config)
+    patched = set_custom_ami(document, args.ami, args.queue)
+    validate(plain(patched))
+    # Imported here: the image check needs boto3 and the AMI pipeline, which the other actions do not.
+    from gpuforge.ami import fitness
+
+    region = patched.get("Region")
+    fitness.require(
+        args.ami,
+        region if isinstance(region, str) else None,
+        flavor=None,
+        for_pcluster=True,
+        force=args.force,
+        target=f"ParallelCluster config {args.config}",
+    )
+    if args.output is None:
+        sys.stdout.write(document_text(patched))
+    else:
+        dump_document(patched, args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 
@@ -64,6 +91,12 @@ def register(subparsers: Any) -> None:
         action="append",
         metavar="Q",
         help="set SlurmQueues[Q].Image.CustomAmi (repeatable); default: the cluster-wide Image.CustomAmi",
+    )
+    ami.add_argument(
+        "--force",
+        action="store_true",
+        help="set even an image that is not an available gpuforge pcluster-flavor image with "
+        "ParallelCluster's tags (each finding is logged as a warning)",
     )
     ami.add_argument("-o", "--output", type=Path, metavar="OUT", help="write here instead of stdout")
     ami.set_defaults(handler=_set_ami)

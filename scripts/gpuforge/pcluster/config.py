@@ -45,14 +45,74 @@ def load_config(path: Path) -> dict[str, Any]:
     return load_yaml_mapping(path, "cluster config")
 
 
+def _round_trip() -> Any:
+    from ruamel.yaml import YAML
+
+    yaml_rt = YAML(typ="rt")
+    yaml_rt.preserve_quotes = True
+    # ParallelCluster's documentation and `cluster-config generate` indent lists under their key.
+    yaml_rt.indent(mapping=2, sequence=4, offset=2)
+    yaml_rt.width = 4096
+    return yaml_rt
+
+
+def load_document(path: Path) -> dict[str, Any]:
+    """A cluster config as an editable document: writing it back keeps comments, key order and quoting."""
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read cluster config {path}: {exc.strerror}") from None
+    try:
+        data = _round_trip().load(text)
+    except YAMLError as exc:
+        raise UserError(f"cluster config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"cluster config {path} must be a YAML mapping")
+    return data
+
+
+def plain(value: Any) -> Any:
+    """A document (or part of one) as plain dicts, lists and scalars, for checks that expect those."""
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, int | bool) else k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    for kind in (int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
+
+
+def document_text(document: dict[str, Any]) -> str:
+    """A document from load_document rendered back, comments and quoting as they were."""
+    import io
+
+    out = io.StringIO()
+    _round_trip().dump(document, out)
+    return out.getvalue()
+
+
+def dump_document(document: dict[str, Any], path: Path) -> None:
+    """Write a document from load_document atomically, comments and quoting as they were."""
+    _write_atomically(document_text(document), path)
+
+
 def to_yaml(config: dict[str, Any]) -> str:
     """Render a config as block YAML in its own key order (ParallelCluster's documented order)."""
     return yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def dump_config(config: dict[str, Any], path: Path) -> None:
-    """Write a config atomically, so a reader never sees half a file. YAML comments are not preserved."""
-    text = to_yaml(config)
+    """Write a generated config atomically (plain YAML; edits of existing files use dump_document)."""
+    _write_atomically(to_yaml(config), path)
+
+
+def _write_atomically(text: str, path: Path) -> None:
+    """Write text so that a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -95,6 +155,45 @@ def custom_amis(config: dict[str, Any]) -> set[str]:
     return found
 
 
+def image_shape_errors(config: dict[str, Any]) -> list[str]:
+    """Where an image may be named, what does not have ParallelCluster's shape (empty when all do).
+
+    `custom_amis` skips what it cannot read; a caller that must not miss an image (prune) checks this
+    first, so that e.g. `Image: ami-...` (a string, not a mapping) is an error rather than nothing.
+    """
+    errors: list[str] = []
+
+    def mapping(value: Any, path: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            errors.append(f"{path} must be a mapping, not {type(value).__name__} {value!r}")
+            return {}
+        return value
+
+    def items(value: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            errors.append(f"{path} must be a list, not {type(value).__name__}")
+            return []
+        return [(f"{path}[{i}]", mapping(item, f"{path}[{i}]")) for i, item in enumerate(value)]
+
+    holders = [("", config), ("HeadNode.", mapping(config.get("HeadNode"), "HeadNode"))]
+    scheduling = mapping(config.get("Scheduling"), "Scheduling")
+    holders += [
+        (f"{path}.", queue) for path, queue in items(scheduling.get("SlurmQueues"), "Scheduling.SlurmQueues")
+    ]
+    login = mapping(config.get("LoginNodes"), "LoginNodes")
+    holders += [(f"{path}.", pool) for path, pool in items(login.get("Pools"), "LoginNodes.Pools")]
+    for prefix, holder in holders:
+        image = mapping(holder.get("Image"), f"{prefix}Image")
+        ami = image.get("CustomAmi")
+        if ami is not None and not (isinstance(ami, str) and AMI_ID_RE.match(ami)):
+            errors.append(f"{prefix}Image.CustomAmi {ami!r} is not an AMI id")
+    return errors
+
+
 def check_ami_id(ami_id: str) -> str:
     if not isinstance(ami_id, str) or not AMI_ID_RE.match(ami_id):
         raise UserError(f"invalid AMI id {ami_id!r}: expected ami- followed by 8 or 17 hex digits")
@@ -104,7 +203,9 @@ def check_ami_id(ami_id: str) -> str:
 def set_custom_ami(
     config: dict[str, Any], ami_id: str, queues: Sequence[str] | None = None
 ) -> dict[str, Any]:
-    """Return a copy of config using ami_id: cluster-wide (queues=None) or for the named Slurm queues only."""
+    """Return a copy of config using ami_id: cluster-wide (queues=None) or for the named Slurm queues only.
+
+    A document from load_document stays one: the copy keeps its comments, order and quoting."""
     check_ami_id(ami_id)
     patched = copy.deepcopy(config)
     if queues is None:

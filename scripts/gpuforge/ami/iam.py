@@ -1,0 +1,140 @@
+"""The pipeline role: packer/iam/pipeline-policy.json, and a CloudFormation template around it.
+
+The JSON policy is the one source; `gpuforge pipeline-role` wraps it, unchanged, in a template that
+creates the role for GitHub Actions (OIDC, one repository and environment) and for CodeBuild, and
+the builder's instance profile the policy lets Packer pass (docs/ami-pipeline.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from gpuforge import paths
+from gpuforge.errors import UserError
+
+GITHUB_OIDC_HOST = "token.actions.githubusercontent.com"
+DEFAULT_ENVIRONMENT = "ami-builder"
+# Bakes take up to the workflow's 180 minutes; the role's session must outlive them.
+SESSION_SECONDS = 4 * 3600
+_OIDC_PROVIDER = f"arn:aws:iam::${{AWS::AccountId}}:oidc-provider/{GITHUB_OIDC_HOST}"
+_REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
+
+
+def policy_document() -> dict[str, Any]:
+    path = paths.repo_root() / "packer" / "iam" / "pipeline-policy.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the pipeline policy {path}: {exc}") from exc
+
+
+def cloudformation_template(
+    github_repository: str | None, environment: str = DEFAULT_ENVIRONMENT
+) -> dict[str, Any]:
+    """A template with the managed policy, the builder profile and the roles that get the policy."""
+    if github_repository is not None and not _REPOSITORY.match(github_repository):
+        raise UserError(f"--github-repository {github_repository!r} is not OWNER/NAME")
+    resources: dict[str, Any] = {
+        "PipelinePolicy": {
+            "Type": "AWS::IAM::ManagedPolicy",
+            "Properties": {
+                "Description": "gpuforge AMI pipeline: bake, rebuild, publish, prune (least privilege)",
+                "PolicyDocument": policy_document(),
+                # The roles that get the policy (the GitHub role is appended when asked for).
+                "Roles": [{"Ref": "CodeBuildRole"}],
+            },
+        },
+        # The instance profile Packer attaches to the builder (`--iam-instance-profile`); the
+        # policy's iam:PassRole covers only gpuforge-builder* names. It grants the builder nothing.
+        "BuilderRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "RoleName": {"Fn::Sub": "gpuforge-builder-${AWS::Region}"},
+                "AssumeRolePolicyDocument": _trust({"Service": "ec2.amazonaws.com"}, "sts:AssumeRole"),
+            },
+        },
+        "BuilderInstanceProfile": {
+            "Type": "AWS::IAM::InstanceProfile",
+            "Properties": {
+                "InstanceProfileName": {"Fn::Sub": "gpuforge-builder-${AWS::Region}"},
+                "Roles": [{"Ref": "BuilderRole"}],
+            },
+        },
+        "CodeBuildRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "AssumeRolePolicyDocument": _trust(
+                    {"Service": "codebuild.amazonaws.com"},
+                    "sts:AssumeRole",
+                    {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}},
+                ),
+                # CodeBuild writes its build log to CloudWatch Logs under its project's group.
+                "Policies": [
+                    {
+                        "PolicyName": "codebuild-logs",
+                        "PolicyDocument": {
+                            "Version": "2012-10-17",
+                            "Statement": [
+                                {
+                                    "Effect": "Allow",
+                                    "Action": [
+                                        "logs:CreateLogGroup",
+                                        "logs:CreateLogStream",
+                                        "logs:PutLogEvents",
+                                    ],
+                                    "Resource": {
+                                        "Fn::Sub": "arn:aws:logs:${AWS::Region}:${AWS::AccountId}"
+                                        ":log-group:/aws/codebuild/gpuforge-*"
+                                    },
+                                }
+                            ],
+                        },
+                    }
+                ],
+            },
+        },
+    }
+    outputs: dict[str, Any] = {
+        "CodeBuildRoleArn": {"Value": {"Fn::GetAtt": ["CodeBuildRole", "Arn"]}},
+        "BuilderInstanceProfileName": {"Value": {"Ref": "BuilderInstanceProfile"}},
+    }
+    if github_repository is not None:
+        resources["GitHubRole"] = {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "MaxSessionDuration": SESSION_SECONDS,
+                "AssumeRolePolicyDocument": _trust(
+                    {
+                        "Federated": {
+                            "Fn::Sub": f"arn:aws:iam::${{AWS::AccountId}}:oidc-provider/{GITHUB_OIDC_HOST}"
+                        }
+                    },
+                    "sts:AssumeRoleWithWebIdentity",
+                    {
+                        # Only this repository's jobs that run in the named environment
+                        # (.github/workflows/ami-rebuild.yml sets `environment: ami-builder`).
+                        "StringEquals": {
+                            f"{GITHUB_OIDC_HOST}:aud": "sts.amazonaws.com",
+                            f"{GITHUB_OIDC_HOST}:sub": f"repo:{github_repository}:environment:{environment}",
+                        }
+                    },
+                ),
+            },
+        }
+        resources["PipelinePolicy"]["Properties"]["Roles"].append({"Ref": "GitHubRole"})
+        outputs["GitHubRoleArn"] = {"Value": {"Fn::GetAtt": ["GitHubRole", "Arn"]}}
+    return {
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Description": "gpuforge AMI pipeline role (generated by `gpuforge pipeline-role`)",
+        "Resources": resources,
+        "Outputs": outputs,
+    }
+
+
+def _trust(principal: dict[str, Any], action: str, condition: dict[str, Any] | None = None) -> dict[str, Any]:
+    statement: dict[str, Any] = {"Effect": "Allow", "Principal": principal, "Action": action}
+    if condition:
+        statement["Condition"] = condition
+    return {"Version": "2012-10-17", "Statement": [statement]}

@@ -1,0 +1,113 @@
+"""scripts/ci/testrun.py, the concurrent `make test`: same coverage, phases side by side, a table."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ci_testrun", REPO / "scripts" / "ci" / "testrun.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ci_testrun"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+testrun = _load()
+
+
+@pytest.fixture
+def logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(testrun, "LOG_DIR", tmp_path)
+    return tmp_path
+
+
+def test_every_test_module_is_in_exactly_one_group() -> None:
+    """The groups together are the whole suite, so running them all keeps `pytest`'s coverage."""
+    groups = testrun.pytest_groups(REPO / "tests")
+    listed = [m.name for modules in groups.values() for m in modules]
+    assert sorted(listed) == sorted(p.name for p in (REPO / "tests").glob("test_*.py"))
+    assert len(listed) == len(set(listed))
+
+
+def test_lab_modules_run_apart_and_the_shared_lab_once(tmp_path: Path) -> None:
+    """A module naming its own lab is a group; the `fleet_lab` users share one group (one lab)."""
+    (tmp_path / "test_own.py").write_text('LAB = labtools.lab_name("own")\n')
+    (tmp_path / "test_shared_a.py").write_text("def test_a(fleet_lab: dict) -> None: ...\n")
+    (tmp_path / "test_shared_b.py").write_text("def test_b(run_playbook, fleet_lab) -> None: ...\n")
+    (tmp_path / "test_plain.py").write_text("def test_c() -> None: ...\n")
+    groups = testrun.pytest_groups(tmp_path)
+    names = {group: [m.name for m in modules] for group, modules in groups.items()}
+    assert names == {
+        "unit": ["test_plain.py"],
+        "fleet_lab": ["test_shared_a.py", "test_shared_b.py"],
+        "test_own": ["test_own.py"],
+    }
+    phases = testrun.pytest_phases(tmp_path, "pytest", "-ci")
+    suffixes = [p.env["GPUFORGE_TEST_LAB_SUFFIX"] for p in phases]
+    assert len(set(suffixes)) == len(phases)
+    assert all(len("mitogen" + s) <= 12 for s in suffixes)
+
+
+def test_every_molecule_scenario_is_a_phase() -> None:
+    phases = testrun.molecule_phases(REPO / "molecule", "molecule")
+    scenarios = sorted(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml"))
+    assert [p.argv[-1] for p in phases] == scenarios
+    assert all(p.argv[1:3] == ["test", "-s"] for p in phases)
+
+
+def test_phases_run_side_by_side_and_failures_are_kept(logs: Path) -> None:
+    phases = [testrun.Phase(f"sleep {n}", ["sleep", "1"]) for n in range(3)]
+    phases.append(testrun.Phase("fails", ["sh", "-c", "echo broken; exit 3"]))
+    start = time.monotonic()
+    testrun.run_concurrently(phases, jobs=4, timeout=60, echo=False)
+    assert time.monotonic() - start < 2.5  # four phases, one second each, at once
+    assert [p.returncode for p in phases] == [0, 0, 0, 3]
+    assert (logs / "fails.log").read_text() == "broken\n"
+
+
+def test_jobs_limits_how_many_run_at_once(logs: Path) -> None:
+    phases = [testrun.Phase(f"p{n}", ["sleep", "0.5"]) for n in range(3)]
+    start = time.monotonic()
+    testrun.run_concurrently(phases, jobs=1, timeout=60, echo=False)
+    assert time.monotonic() - start >= 1.5
+    assert all(p.ok for p in phases)
+
+
+def test_a_phase_over_its_timeout_is_stopped(logs: Path) -> None:
+    phase = testrun.Phase("hangs", ["sleep", "60"])
+    start = time.monotonic()
+    testrun.run_concurrently([phase], jobs=1, timeout=0.5, echo=False)
+    assert time.monotonic() - start < 10
+    assert not phase.ok
+
+
+def test_the_table_names_every_phase_the_total_and_the_machine() -> None:
+    a = testrun.Phase("lint", ["true"], seconds=12.0, returncode=0)
+    b = testrun.Phase("molecule slurm", ["true"], seconds=30.5, returncode=2)
+    text = testrun.table([a, b], wall=31.0, machine="2 CPUs, load average 1 1 1")
+    lines = text.splitlines()
+    assert lines[0].split() == ["phase", "result", "seconds"]
+    assert any(line.startswith("lint") and line.endswith("12.0") for line in lines)
+    assert any("molecule slurm" in line and "FAILED (2)" in line for line in lines)
+    assert any(line.startswith("sum of phases") and line.endswith("42.5") for line in lines)
+    assert any(line.startswith("total (wall clock)") and line.endswith("31.0") for line in lines)
+    assert lines[-1] == "machine: 2 CPUs, load average 1 1 1"
+
+
+def test_make_test_and_ci_run_use_the_runner() -> None:
+    """The README's test command (`make test`) and .ci/run are the same entry."""
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "scripts/ci/testrun.py" in recipe
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+    assert "make test" in (REPO / "README.md").read_text()

@@ -1,0 +1,164 @@
+"""The repository root is the Ansible collection gpuforge.gpu; the built collection works on its own.
+
+The collection is built with ansible-galaxy, installed into an empty collections path outside the
+checkout, and a playbook there runs its roles (by FQCN) in check mode on a lab host, with an
+ansible.cfg that knows nothing of this checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir())
+GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
+FQCN = f"{GALAXY['namespace']}.{GALAXY['name']}"
+
+PLAY = f"""\
+- name: Use the installed collection's roles
+  hosts: all
+  become: true
+  gather_facts: true
+  roles:
+    - role: {FQCN}.gpuforge_common
+  tasks:
+    - name: Show where the roles read the pins from
+      ansible.builtin.debug:
+        msg: "versions file: {{{{ lookup('{FQCN}.data_file', 'versions') }}}}"
+"""
+
+CFG = """\
+[defaults]
+collections_path = {collections}
+host_key_checking = False
+interpreter_python = auto_silent
+gathering = explicit
+
+[inventory]
+enable_plugins = amazon.aws.aws_ec2
+"""
+
+
+def _galaxy(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The collection tarball, built from this checkout into a temporary directory."""
+    out = tmp_path_factory.mktemp("dist")
+    result = _galaxy("build", "--output-path", str(out), str(REPO), cwd=out)
+    assert result.returncode == 0, result.stderr
+    return out / f"{GALAXY['namespace']}-{GALAXY['name']}-{GALAXY['version']}.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def installed(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty collections path with only the built collection installed (dependencies come with ansible)."""
+    collections = tmp_path_factory.mktemp("collections")
+    result = _galaxy("install", "--no-deps", "--offline", "-p", str(collections), str(built), cwd=collections)
+    assert result.returncode == 0, result.stderr
+    return collections
+
+
+@pytest.fixture(scope="module")
+def outside(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory outside the checkout whose ansible.cfg knows only the installed collection."""
+    directory = tmp_path_factory.mktemp("outside")
+    (directory / "ansible.cfg").write_text(CFG.format(collections=installed))
+    return directory
+
+
+def test_every_role_playbook_and_data_file_is_in_the_collection(built: Path) -> None:
+    with tarfile.open(built) as tar:
+        names = set(tar.getnames())
+    for role in ROLES:
+        assert f"roles/{role}/tasks/main.yml" in names
+    for path in (
+        "galaxy.yml",
+        "meta/runtime.yml",
+        "versions.yml",
+        "data/instance_types.yml",
+        "plugins/lookup/data_file.py",
+        "playbooks/drift.yml",
+    ):
+        assert path in names or (path == "galaxy.yml" and "MANIFEST.json" in names), path
+    # Nothing of the Python CLI, the lab, the tests or the link back to the checkout.
+    assert not {
+        n for n in names if n.split("/")[0] in {"collections", "tests", "scripts", "molecule", "bench"}
+    }
+
+
+def test_installed_collection_documents_its_plugins(installed: Path, outside: Path) -> None:
+    result = subprocess.run(
+        [str(BIN / "ansible-doc"), "--json", "-t", "lookup", f"{FQCN}.data_file"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=outside,
+        env={**os.environ, "ANSIBLE_CONFIG": str(outside / "ansible.cfg")},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)[f"{FQCN}.data_file"]["doc"]
+    assert doc["short_description"] == "Path of one of the gpuforge collection's shared data files"
+    # The installed copy answers, not this checkout.
+    assert doc["filename"].startswith(str(installed))
+
+
+def test_roles_name_each_other_by_fqcn() -> None:
+    """A bare dependency name would resolve to a user's own role of that name."""
+    for role in ROLES:
+        meta = yaml.safe_load((REPO / "roles" / role / "meta/main.yml").read_text())
+        for dep in meta.get("dependencies") or []:
+            name = dep["role"] if isinstance(dep, dict) else dep
+            assert name.startswith(f"{FQCN}."), f"{role} depends on {name}"
+
+
+def test_no_role_reaches_outside_itself() -> None:
+    for path in (REPO / "roles").rglob("*.yml"):
+        assert "role_path }}/.." not in path.read_text(), path
+
+
+@pytest.mark.lab
+def test_installed_collection_runs_on_a_lab_host(
+    installed: Path, outside: Path, fleet_lab: dict[str, str]
+) -> None:
+    """Check mode of the installed gpuforge_common role, outside the checkout, on the lab."""
+    (outside / "play.yml").write_text(PLAY)
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(REPO / "inventory/aws_ec2.yml"), "--check", "play.yml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=outside,
+        env={
+            **os.environ,
+            **fleet_lab,
+            "ANSIBLE_CONFIG": str(outside / "ansible.cfg"),
+            "ANSIBLE_FORCE_COLOR": "0",
+            "PATH": f"{BIN}:{os.environ['PATH']}",
+        },
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    own = installed / "ansible_collections" / GALAXY["namespace"] / GALAXY["name"] / "versions.yml"
+    assert result.stdout.count(f"versions file: {own}") == 2, result.stdout[-3000:]
+    assert "failed=0" in result.stdout

@@ -1,0 +1,172 @@
+"""The base-image twin records (tests/twins/*.yml) and what tests/twinlab.py makes of them.
+
+No lab needed: the records are checked for what makes them trustworthy (a public source, the
+components the bake decides on, the test-double label) and the overlay each becomes is read back
+the way the roles read the real image (the EFA record's first line, the plugin's banner, the
+module's .modinfo, dpkg's view of the dummy packages).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import twinlab
+from gpuforge import paths
+
+COMPONENTS = {
+    "nvidia_driver",
+    "cuda",
+    "efa_installer",
+    "aws_ofi_nccl",
+    "nccl",
+    "dcgm",
+    "gdrcopy",
+    "nvidia_container_toolkit",
+}
+TWINS = twinlab.names()
+needs_build_tools = pytest.mark.skipif(
+    not (shutil.which("gcc") or shutil.which("cc")) or not shutil.which("dpkg-deb"),
+    reason="building a twin needs gcc and dpkg-deb (apt-get install gcc)",
+)
+
+
+def test_every_supported_base_has_a_twin() -> None:
+    assert TWINS == ["dlami-ubuntu2204", "dlami-ubuntu2404", "pcluster-ubuntu2204"]
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_record_is_a_labelled_test_double_with_public_sources(name: str) -> None:
+    path = twinlab.RECORDS / f"{name}.yml"
+    assert "TEST DOUBLE" in path.read_text().split("\n", 3)[1]
+    twin = twinlab.load(name)
+    sources = twin.record["base"]["sources"]
+    assert sources and all(re.match(r"^https://", source) for source in sources)
+    assert set(twin.record["components"]) == COMPONENTS
+    assert twin.record["os_release"]["ID"] == "ubuntu"
+    assert twin.flavor in {"dlami", "pcluster"}
+    assert (twin.parallelcluster is not None) == (twin.flavor == "pcluster")
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_recorded_versions_are_exact_releases(name: str) -> None:
+    """A record names releases, never ranges or 'latest' (the same rule as versions.yml)."""
+    for component, value in twinlab.load(name).record["components"].items():
+        if value is None:
+            continue
+        versions = [value["version"]] if "version" in value else value["versions"]
+        versions += list((value.get("packages") or {}).values())
+        for version in versions:
+            assert re.match(r"^([0-9]+:)?[0-9]+(\.[0-9]+)+(-[0-9A-Za-z.+~]+)?$", str(version)), (
+                component,
+                version,
+            )
+
+
+def test_pcluster_twin_matches_the_cli_release_it_is_for() -> None:
+    """ParallelCluster takes only an AMI of its own release: marker and tags must agree with the pin."""
+    pinned = re.search(
+        r"^aws-parallelcluster==(\S+)$",
+        (paths.repo_root() / "requirements/constraints.txt").read_text(),
+        re.MULTILINE,
+    )
+    assert pinned is not None
+    pcluster = twinlab.load("pcluster-ubuntu2204").parallelcluster
+    assert pcluster is not None
+    assert pcluster["marker"] == f"aws-parallelcluster-cookbook-{pinned[1]}"
+    assert pcluster["tags"]["parallelcluster:version"] == pinned[1]
+    assert pcluster["tags"]["parallelcluster:os"] == "ubuntu2204"
+
+
+def test_digest_changes_with_the_record() -> None:
+    twin = twinlab.load("dlami-ubuntu2204")
+    edited = twinlab.Twin(twin.name, twin.record, twin.text + b"# edited\n")
+    assert twin.image.startswith("twin-dlami-ubuntu2204-") and edited.image != twin.image
+
+
+@needs_build_tools
+@pytest.mark.parametrize("name", TWINS)
+def test_overlay_reads_back_as_the_roles_read_the_real_image(name: str, tmp_path: Path) -> None:
+    twin = twinlab.load(name)
+    out = twinlab.overlay(twin, "6.8.0-twin", tmp_path)
+    files = {path: content for path, (content, _) in out.files.items()}
+
+    os_release = dict(
+        line.split("=", 1) for line in files["usr/lib/os-release"].decode().splitlines() if line
+    )
+    assert (
+        os_release["ID"] == '"ubuntu"'
+        and os_release["VERSION_ID"] == f'"{twin.record["os_release"]["VERSION_ID"]}"'
+    )
+
+    driver = twin.component("nvidia_driver")
+    assert driver is not None
+    smi = tmp_path / "nvidia-smi"
+    smi.write_bytes(files["usr/bin/nvidia-smi"])
+    query = subprocess.run(
+        ["sh", str(smi), "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    )
+    assert query.stdout.strip() == driver["version"]
+    module = files["lib/modules/6.8.0-twin/updates/dkms/nvidia.ko"]
+    assert f"version={driver['version']}".encode() in module and module.startswith(b"\x7fELF")
+
+    efa = twin.component("efa_installer")
+    assert efa is not None
+    # The efa role's probe: 'EFA installer version: *([0-9.]+)' in /opt/amazon/efa_installed_packages.
+    first = files["opt/amazon/efa_installed_packages"].decode().splitlines()[0]
+    assert re.search(r"EFA installer version: *([0-9.]+)", first)[1] == efa["version"]  # type: ignore[index]
+
+    plugin = twin.component("aws_ofi_nccl")
+    assert plugin is not None
+    library = files[plugin["library"].lstrip("/")]
+    # The aws_ofi_nccl role's probe: the first 'aws-ofi-nccl X.Y.Z' banner in the library.
+    assert re.findall(rb"aws-ofi-nccl ([0-9]+\.[0-9]+\.[0-9]+)", library)[0].decode() == plugin["version"]
+
+    cuda = twin.component("cuda")
+    assert cuda is not None
+    assert out.symlinks["usr/local/cuda"] == f"cuda-{cuda['default']}"
+    for version in cuda["versions"]:
+        assert f"usr/local/cuda-{version}/include/cuda.h" in files
+
+    assert ("opt/parallelcluster/.bootstrapped" in files) == (twin.flavor == "pcluster")
+
+
+@needs_build_tools
+def test_dummy_packages_carry_the_recorded_versions(tmp_path: Path) -> None:
+    twin = twinlab.load("dlami-ubuntu2204")
+    out = twinlab.overlay(twin, "6.8.0-twin", tmp_path)
+    recorded = {
+        name: version
+        for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit")
+        for name, version in (twin.component(component) or {"packages": {}})["packages"].items()
+    }
+    assert {name: version for name, (version, _) in out.packages.items()} == recorded
+    version, files = out.packages["datacenter-gpu-manager-4-core"]
+    deb = twinlab._build_deb("datacenter-gpu-manager-4-core", version, files, tmp_path)
+    fields = subprocess.run(
+        ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True
+    )
+    assert fields.stdout.strip() == "1:4.7.0-1"
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
+    assert "./lib/systemd/system/nvidia-dcgm.service" in listing and twinlab.MARKER in listing
+
+
+def test_twin_code_stays_out_of_the_shipped_package() -> None:
+    """Twins are test doubles: nothing under scripts/ (the package) may name them."""
+    shipped = paths.repo_root() / "scripts"
+    hits = [
+        path
+        for path in shipped.rglob("*.py")
+        if "twinlab" in path.read_text() or "tests/twins" in path.read_text()
+    ]
+    assert hits == []
+    assert (
+        yaml.safe_load((twinlab.RECORDS / "dlami-ubuntu2204.yml").read_text())["name"] == "dlami-ubuntu2204"
+    )

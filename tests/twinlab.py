@@ -1,0 +1,355 @@
+"""TEST DOUBLES: base-image twins, lab images made from recorded descriptions of real AMIs.
+
+A record (tests/twins/<name>.yml) says what a supported base image contains, with its public
+sources. `build(name)` turns it into a lab image (`gpuforge lab up --image`): a copy of the lab's
+Debian 12 root filesystem overlaid with the record's os-release, dpkg entries (dummy packages built
+with dpkg-deb), files, version banners and stub binaries. Only Debian's archive is reachable here,
+so a twin is not Ubuntu: it tests gpuforge's decisions on the image (adopt, install, refuse), not
+Ubuntu's packaging. Nothing here is shipped or read by production code.
+
+An image is built once and cached under a name carrying a digest of everything it is made from
+(the record, this file, the Debian rootfs recipe, the running kernel), so a test run reuses it and
+a changed record makes a new one (the stale one is removed).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuforge.artifacts import fixtures as artifact_fixtures
+from gpuforge.lab import images as lab_images
+from gpuforge.lab import rootfs as lab_rootfs
+from gpuforge.lab import state as lab_state
+
+RECORDS = Path(__file__).resolve().parent / "twins"
+MARKER = "GPUFORGE-TWIN"  # in every file a twin adds, so no one mistakes it for the real thing
+# Where the runfile installer's DKMS build puts the module (the cookbook runs it with --dkms).
+MODULE_DIR = "lib/modules/{kernel}/updates/dkms"
+
+
+def names() -> list[str]:
+    return sorted(path.stem for path in RECORDS.glob("*.yml"))
+
+
+@dataclass(frozen=True)
+class Twin:
+    name: str
+    record: dict[str, Any]
+    text: bytes
+
+    @property
+    def flavor(self) -> str:
+        return str(self.record["flavor"])
+
+    def component(self, name: str) -> dict[str, Any] | None:
+        value = self.record["components"][name]
+        return dict(value) if value else None
+
+    @property
+    def parallelcluster(self) -> dict[str, Any] | None:
+        value = self.record.get("parallelcluster")
+        return dict(value) if value else None
+
+    @property
+    def digest(self) -> str:
+        parts = [
+            self.text,
+            Path(__file__).read_bytes(),
+            lab_rootfs.recipe_key().encode(),
+            os.uname().release.encode(),
+        ]
+        return hashlib.sha256(b"\0".join(parts)).hexdigest()[:10]
+
+    @property
+    def image(self) -> str:
+        return f"twin-{self.name}-{self.digest}"
+
+
+def load(name: str) -> Twin:
+    path = RECORDS / f"{name}.yml"
+    text = path.read_bytes()
+    record = yaml.safe_load(text)
+    if record.get("name") != name:
+        raise ValueError(f"{path}: name {record.get('name')!r} does not match the file name")
+    return Twin(name, record, text)
+
+
+# What a twin adds to the tree: files (path -> (content, mode)) and dummy packages.
+
+
+@dataclass
+class Overlay:
+    files: dict[str, tuple[bytes, int]]
+    packages: dict[str, tuple[str, dict[str, tuple[bytes, int]]]]  # name -> (version, files)
+    symlinks: dict[str, str]
+
+    def add(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
+        self.files[path.lstrip("/")] = (content.encode() if isinstance(content, str) else content, mode)
+
+
+def _script(body: str) -> str:
+    return f"#!/bin/sh\n# {MARKER}: a stub standing in for the real binary of a recorded base image.\n{body}"
+
+
+def overlay(twin: Twin, kernel: str, workdir: Path) -> Overlay:
+    """Everything the record says the image holds, as files and dummy packages."""
+    out = Overlay({}, {}, {})
+    os_release = "".join(f'{key}="{value}"\n' for key, value in twin.record["os_release"].items())
+    out.add("/usr/lib/os-release", os_release)
+    osr = twin.record["os_release"]
+    out.add(
+        "/etc/lsb-release",
+        f"DISTRIB_ID={osr['NAME']}\nDISTRIB_RELEASE={osr['VERSION_ID']}\n"
+        f'DISTRIB_CODENAME={osr["VERSION_CODENAME"]}\nDISTRIB_DESCRIPTION="{osr["PRETTY_NAME"]}"\n',
+    )
+    out.add(
+        "/etc/gpuforge-twin.json",
+        json.dumps({"twin": twin.name, "digest": twin.digest, "marker": MARKER}) + "\n",
+    )
+    _driver(out, twin.component("nvidia_driver"), kernel, workdir)
+    _cuda(out, twin.component("cuda"))
+    _efa(out, twin.component("efa_installer"), twin.component("aws_ofi_nccl"), workdir)
+    for name in ("dcgm", "gdrcopy", "nvidia_container_toolkit"):
+        _packages(out, name, twin.component(name))
+    pcluster = twin.parallelcluster
+    if pcluster:
+        # The cookbook's bootstrap check reads this marker (entrypoints.rb).
+        out.add("/opt/parallelcluster/.bootstrapped", pcluster["marker"] + "\n")
+    return out
+
+
+def _driver(out: Overlay, driver: dict[str, Any] | None, kernel: str, workdir: Path) -> None:
+    if driver is None:
+        return
+    version = driver["version"]
+    if driver["installed_by"] != "runfile":
+        raise ValueError(f"driver installed_by {driver['installed_by']!r}: only runfile twins are modelled")
+    out.add(
+        "/usr/bin/nvidia-smi",
+        _script(
+            f'case "$*" in\n'
+            f'  *--version*) echo "NVIDIA-SMI version : {version}"; echo "DRIVER version : {version}" ;;\n'
+            f'  *driver_version*) echo "{version}" ;;\n'
+            f'  *) echo "| NVIDIA-SMI {version}    Driver Version: {version}    ({MARKER}: no GPU) |" ;;\n'
+            f"esac\n"
+        ),
+        0o755,
+    )
+    # The runfile installer's own uninstaller and log: what tells a runfile install apart.
+    out.add(
+        "/usr/bin/nvidia-uninstall",
+        _script('echo "nvidia-uninstall (twin): nothing to do" >&2\nexit 1\n'),
+        0o755,
+    )
+    out.add(
+        "/var/log/nvidia-installer.log",
+        f"nvidia-installer log file '/var/log/nvidia-installer.log'\n"
+        f"# {MARKER}: recorded runfile install of NVIDIA-Linux-x86_64-{version}.run "
+        f"(kernel modules: {driver['kernel_module']})\n",
+    )
+    # A module object whose .modinfo carries the version, so `modinfo -F version nvidia` answers
+    # as on the real image (lab hosts share the control host's kernel, so no module is loaded).
+    source = workdir / "nvidia-modinfo.c"
+    fields = {
+        "version": version,
+        "license": "Dual MIT/GPL",
+        "name": "nvidia",
+        "description": f"{MARKER} stand-in",
+    }
+    source.write_text(
+        "".join(
+            f'static const char m{i}[] __attribute__((section(".modinfo"), used, aligned(1))) = "{k}={v}";\n'
+            for i, (k, v) in enumerate(fields.items())
+        )
+    )
+    module = workdir / "nvidia.ko"
+    subprocess.run([_compiler(), "-c", "-o", str(module), str(source)], check=True, capture_output=True)
+    out.add(f"/{MODULE_DIR.format(kernel=kernel)}/nvidia.ko", module.read_bytes())
+
+
+def _compiler() -> str:
+    found = shutil.which("cc") or shutil.which("gcc")
+    if found is None:
+        raise RuntimeError("building a twin needs a C compiler (apt-get install gcc)")
+    return found
+
+
+def _cuda(out: Overlay, cuda: dict[str, Any] | None) -> None:
+    if cuda is None:
+        return
+    for version in cuda["versions"]:
+        major, minor = version.split(".")[:2]
+        prefix = f"/usr/local/cuda-{version}"
+        out.add(
+            f"{prefix}/version.json", json.dumps({"cuda": {"name": "CUDA SDK", "version": version}}) + "\n"
+        )
+        out.add(
+            f"{prefix}/include/cuda.h",
+            f"/* {MARKER}: stands in for CUDA {version}'s header; only the version macro. */\n"
+            f"#define CUDA_VERSION {int(major) * 1000 + int(minor) * 10}\n",
+        )
+        out.add(
+            f"{prefix}/bin/nvcc",
+            _script(
+                'echo "nvcc: NVIDIA (R) Cuda compiler driver"\n'
+                f'echo "Cuda compilation tools, release {version}"\n'
+            ),
+            0o755,
+        )
+    out.symlinks["usr/local/cuda"] = f"cuda-{cuda['default']}"
+
+
+def _efa(out: Overlay, efa: dict[str, Any] | None, plugin: dict[str, Any] | None, workdir: Path) -> None:
+    if efa is not None:
+        out.add(
+            "/opt/amazon/efa_installed_packages",
+            f"# EFA installer version: {efa['version']}\n# Debug packages installed: no\n"
+            f"# Packages installed:\n# {MARKER}: recorded, nothing was installed\n",
+        )
+    if plugin is not None:
+        # A real ELF shared object carrying the plugin's start-up banner, as the EFA fixture's is.
+        out.add(plugin["library"], artifact_fixtures.standin_plugin(plugin["version"], workdir), 0o755)
+
+
+# Files each recorded package carries besides its marker, by package name.
+def _package_files(name: str, version: str) -> dict[str, tuple[bytes, int]]:
+    upstream = version.split(":")[-1].split("-")[0]
+    if name == "datacenter-gpu-manager-4-core":
+        unit = (
+            f"[Unit]\nDescription={MARKER} nvidia-dcgm (no GPU software inside)\n\n"
+            "[Service]\nExecStart=/bin/false\n\n[Install]\nWantedBy=multi-user.target\n"
+        )
+        return {
+            "lib/systemd/system/nvidia-dcgm.service": (unit.encode(), 0o644),
+            "usr/bin/dcgmi": (_script(f'echo "Version : {upstream}"\n').encode(), 0o755),
+        }
+    if name == "nvidia-container-toolkit-base":
+        banner = f'echo "NVIDIA Container Toolkit CLI version {upstream}"\n'
+        return {"usr/bin/nvidia-ctk": (_script(banner).encode(), 0o755)}
+    return {}
+
+
+def _packages(out: Overlay, component: str, value: dict[str, Any] | None) -> None:
+    if value is None:
+        return
+    for name, version in value["packages"].items():
+        out.packages[name] = (str(version), _package_files(name, str(version)))
+
+
+def _build_deb(name: str, version: str, files: dict[str, tuple[bytes, int]], workdir: Path) -> Path:
+    root = workdir / "pkg" / name
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN/control").write_text(
+        f"Package: {name}\nVersion: {version}\nArchitecture: all\n"
+        "Maintainer: gpuforge test doubles <twins@gpuforge.invalid>\n"
+        f"Description: {MARKER}: {name} as a recorded base image carries it\n"
+        " Marker content only; made by tests/twinlab.py for the lab, never for production.\n"
+    )
+    doc = root / "usr/share/doc" / name / MARKER
+    doc.parent.mkdir(parents=True)
+    doc.write_text(f"{name} {version}: recorded, not installed\n")
+    for path, (content, mode) in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        target.chmod(mode)
+    deb = workdir / f"{name}.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True
+    )
+    return deb
+
+
+def apply(out: Overlay, tree: Path, workdir: Path) -> None:
+    """Write the overlay into `tree` (a copy of the lab rootfs) and register its packages with dpkg."""
+    # Debian links /etc/os-release to ../usr/lib/os-release, as Ubuntu does: keep the link.
+    for path, (content, mode) in out.files.items():
+        target = tree / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        target.write_bytes(content)
+        target.chmod(mode)
+    for path, dest in out.symlinks.items():
+        link = tree / path
+        link.unlink(missing_ok=True)
+        link.symlink_to(dest)
+    debs = [
+        _build_deb(name, version, files, workdir) for name, (version, files) in sorted(out.packages.items())
+    ]
+    if debs:
+        staged = tree / "tmp" / "twin-debs"
+        staged.mkdir()
+        for deb in debs:
+            shutil.copy(deb, staged / deb.name)
+        subprocess.run(
+            ["chroot", str(tree), "sh", "-c", "dpkg -i /tmp/twin-debs/*.deb"], check=True, capture_output=True
+        )
+        shutil.rmtree(staged)
+    kernel_modules = list((tree / "lib/modules").glob(f"*/{MODULE_DIR.split('/', 3)[-1]}/nvidia.ko"))
+    for module in kernel_modules:
+        kernel = module.relative_to(tree / "lib/modules").parts[0]
+        subprocess.run(["chroot", str(tree), "depmod", kernel], check=True, capture_output=True)
+
+
+def build(name: str) -> str:
+    """The lab image of twin `name` (built once per record digest); its image name.
+
+    Several test workers may ask at once: a lock per twin makes one build and the others reuse it.
+    """
+    twin = load(name)
+    root = lab_images.images_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f".twin-{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(twin, root)
+
+
+def _build_locked(twin: Twin, root: Path) -> str:
+    name = twin.name
+    final = root / twin.image
+    if (final / lab_images.METADATA).is_file():
+        return twin.image
+    for stale in root.glob(f"twin-{name}-*"):
+        shutil.rmtree(stale)
+    # The same lock `gpuforge lab up` takes around building the Debian tree.
+    lab_dir = lab_state.lab_root()
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    with (lab_dir / ".rootfs.lock").open("w") as rootfs_lock:
+        fcntl.flock(rootfs_lock, fcntl.LOCK_EX)
+        base = lab_rootfs.ensure_rootfs()
+    partial = root / f".{twin.image}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    tree = partial / "rootfs"
+    started = time.monotonic()
+    subprocess.run(["cp", "--archive", "--reflink=auto", f"{base}/.", str(tree)], check=True)
+    (tree / ".gpuforge-complete").unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpuforge-twin-") as work:
+        apply(overlay(twin, os.uname().release, Path(work)), tree, Path(work))
+    info = lab_images.ImageInfo(
+        name=twin.image,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        source_lab="twin",
+        source_host=twin.name,
+        versions_hash="",
+        sanitized=lab_images.is_sanitized(tree),
+        size_bytes=0,
+    )
+    # "twin" is ignored by ImageInfo.read; it tells people (and `lab image list --json`) what this is.
+    metadata = {**info.to_json(), "twin": {"record": twin.name, "digest": twin.digest, "seconds": 0.0}}
+    metadata["twin"]["seconds"] = round(time.monotonic() - started, 1)
+    (partial / lab_images.METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+    partial.rename(final)
+    return twin.image
