@@ -44,6 +44,14 @@ source "amazon-ebs" "gpu" {
   ami_description         = "gpuforge ${var.flavor} GPU image built from ${var.git_revision}"
   ami_virtualization_type = "hvm"
   ena_support             = true
+  # Copies in other regions: Packer copies the image after registering it, and tags (tags,
+  # snapshot_tags) and attributes with it, so each copy carries the same gpuforge tags and build id.
+  ami_regions = var.ami_regions
+
+  # gpuforge:modern-packer-settings
+  # Packer >= 1.7 only: `gpuforge bake` (Packer.stage) replaces the line above with
+  # packer/amazon-ebs.pkr.hcl.modern (IMDSv2-only builder and image). Packer 1.6 rejects those settings,
+  # so with it the wrapper secures the builder and the image through the EC2 API instead.
 
   dynamic "source_ami_filter" {
     for_each = local.source_ami_filters

@@ -28,6 +28,19 @@ variable "region" {
   }
 }
 
+variable "ami_regions" {
+  type        = list(string)
+  default     = []
+  description = "Other regions to copy the image to (tagged like the original; gpuforge prune retires them with it)."
+  validation {
+    # No alltrue() in Packer 1.6: count the names that do not look like regions.
+    condition = length([
+      for r in var.ami_regions : r if length(r) < 9 || length(split("-", r)) < 3
+    ]) == 0 && length(distinct(var.ami_regions)) == length(var.ami_regions)
+    error_message = "The ami_regions must be distinct AWS region names such as eu-west-1."
+  }
+}
+
 variable "source_ami" {
   type        = string
   default     = ""

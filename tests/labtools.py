@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -117,20 +118,44 @@ def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subproce
     )
 
 
-def relaunch(lab_name: str, host_name: str) -> None:
+def relaunch(lab_name: str, host_name: str, image: str | None = None) -> None:
     """Boot a lab host again from its own disk, with new SSH host keys and the lab's login key.
 
     What EC2 does with an instance of a sanitized image: the disk (the host's writable layer) is
     kept, cloud-init makes new host keys and installs the login key. A host sanitized by
     `gpuforge bake --local` answers SSH again without copying its tree into an image first.
+    `image` names the lab image the host boots from when it is not the lab's own (see reimage).
     """
-    lab_state = state.load(lab_name)
-    assert lab_state is not None, f"lab {lab_name} is not up"
-    (node,) = [h for h in lab_state.hosts if host_name in (h.name, h.ip)]
-    host.stop(lab_state, node)
-    lower = lab_images.rootfs(lab_state.image) if lab_state.image else lab_rootfs.rootfs_path()
-    root = host.mount_overlay(lab_state, node, lower)
-    host.personalise(lab_state, node, root, Path(lab_state.ssh_key).with_suffix(".pub").read_text())
-    node.pid = host.boot(lab_state, node, root)
-    state.save(lab_state)
+    _reboot(lab_name, host_name, image, fresh=False)
+
+
+def reimage(lab_name: str, host_name: str, image: str) -> None:
+    """Make one host of a running lab a fresh host of lab image `image` (an empty writable layer).
+
+    `gpuforge lab up --image` boots every host of a lab from one image; tests that need hosts of
+    different images in one lab (the base-image twins) swap them one by one with this.
+    """
+    _reboot(lab_name, host_name, image, fresh=True)
+
+
+# The lab's state file is read, changed and written whole: one host at a time (tests run these
+# from threads to boot several hosts at once; the wait for SSH is outside the lock).
+_STATE_LOCK = threading.Lock()
+
+
+def _reboot(lab_name: str, host_name: str, image: str | None, *, fresh: bool) -> None:
+    with _STATE_LOCK:
+        lab_state = state.load(lab_name)
+        assert lab_state is not None, f"lab {lab_name} is not up"
+        (node,) = [h for h in lab_state.hosts if host_name in (h.name, h.ip)]
+        host.stop(lab_state, node)
+        if fresh:
+            for layer in ("upper", "work"):
+                shutil.rmtree(host.host_dir(lab_state, node) / layer, ignore_errors=True)
+        image = image or lab_state.image
+        lower = lab_images.rootfs(image) if image else lab_rootfs.rootfs_path()
+        root = host.mount_overlay(lab_state, node, lower)
+        host.personalise(lab_state, node, root, Path(lab_state.ssh_key).with_suffix(".pub").read_text())
+        node.pid = host.boot(lab_state, node, root)
+        state.save(lab_state)
     host.wait_ssh(lab_state, node)

@@ -94,14 +94,21 @@ tags.update({
 })
 ec2.create_tags(Resources=[ami], Tags=[{"Key": k, "Value": val} for k, val in tags.items()])
 ec2.terminate_instances(InstanceIds=[instance_id])
+# ami_regions: Packer copies the image, then tags every copy as the original (StepCreateTags).
+artifact_ids = [f"{v['region']}:{ami}"]
+for copy_region in v.get("ami_regions", []):
+    there = boto3.client("ec2", region_name=copy_region)
+    copy = there.copy_image(SourceImageId=ami, SourceRegion=v["region"], Name=name)["ImageId"]
+    there.create_tags(Resources=[copy], Tags=[{"Key": k, "Value": val} for k, val in tags.items()])
+    artifact_ids.append(f"{copy_region}:{copy}")
 if mode == "fail-after-register":
     print(f"{now},,ui,error,Post-processor failed: manifest: permission denied", flush=True)
     sys.exit(1)
-print(f"{now},{only},artifact,0,id,{v['region']}:{ami}", flush=True)
+print(f"{now},{only},artifact,0,id,{'%!(PACKER_COMMA)'.join(artifact_ids)}", flush=True)
 run = str(uuid.uuid4())
 manifest = {"builds": [{
     "name": only.split(".")[1], "builder_type": only.split(".")[0], "build_time": now, "files": None,
-    "artifact_id": f"{v['region']}:{ami}", "packer_run_uuid": run,
+    "artifact_id": ",".join(artifact_ids), "packer_run_uuid": run,
     "custom_data": {"flavor": v["flavor"], "build_id": v["build_id"]},
 }], "last_run_uuid": run}
 json.dump(manifest, open(v["manifest_path"], "w"))
@@ -507,3 +514,19 @@ def test_bake_refuses_targets_it_cannot_serve_before_launching(
         bake.bake_aws(_options(tmp_path, target_instance_types=(target,)))
     assert _builds(fake_packer) == []
     assert _gpuforge_images() == []
+
+
+def test_bake_copies_to_other_regions_tagged_like_the_original(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w"), "--no-publish"]
+    assert cli.main([*argv, "--copy-region", "eu-west-1", "--copy-region", "us-west-2"]) == 0
+    ami = capsys.readouterr().out.strip().splitlines()[-1]
+    (variables,) = (tmp_path / "w").glob("*/variables.json")
+    assert json.loads(variables.read_text())["ami_regions"] == ["eu-west-1", "us-west-2"]
+    original = images.describe(ami)
+    assert original.tags[images.COPY_REGIONS_TAG] == "eu-west-1,us-west-2"
+    for region in ("eu-west-1", "us-west-2"):
+        (copy,) = images.gpuforge_images("dlami", region)
+        assert copy.tags == original.tags
+    assert cli.main([*argv, "--copy-region", "us-east-1"]) == 2

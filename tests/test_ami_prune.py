@@ -367,3 +367,38 @@ def test_scheduled_prune_keeps_a_scaled_to_zero_queues_image(five: list[str], pa
     argv = _step_command((Path(__file__).resolve().parents[1] / path).read_text(), marker)
     assert cli.main(argv) == 0
     assert _existing() & set(five) == {five[1], five[4]}
+
+
+def _copy(ami: str, region: str) -> str:
+    """A copy as Packer's ami_regions leaves it: same tags as the original."""
+    tags = boto3.client("ec2").describe_images(ImageIds=[ami])["Images"][0]["Tags"]
+    there = boto3.client("ec2", region_name=region)
+    copy = str(there.copy_image(SourceImageId=ami, SourceRegion="us-east-1", Name=f"copy-{ami}")["ImageId"])
+    there.create_tags(Resources=[copy], Tags=tags)
+    return copy
+
+
+def test_copies_in_other_regions_are_pruned_with_the_original_unless_used_there(five: list[str]) -> None:
+    ec2 = boto3.client("ec2")
+    for n, ami in enumerate(five[:2]):
+        ec2.create_tags(
+            Resources=[ami],
+            Tags=[
+                {"Key": images.BUILD_ID_TAG, "Value": f"build{n}"},
+                {"Key": images.COPY_REGIONS_TAG, "Value": "eu-west-1"},
+            ],
+        )
+    gone, used = _copy(five[0], "eu-west-1"), _copy(five[1], "eu-west-1")
+    # In eu-west-1 a launch template still launches the copy of five[1].
+    boto3.client("ec2", region_name="eu-west-1").create_launch_template(
+        LaunchTemplateName="eu-train", LaunchTemplateData={"ImageId": used}
+    )
+    result = _plan(allow_missing=True)
+    assert [(r, c.id) for r, c in result.delete_copies] == [("eu-west-1", gone)]
+    assert result.protected[used].endswith("in eu-west-1")
+    prune.execute(result)
+    left = {
+        i["ImageId"]
+        for i in boto3.client("ec2", region_name="eu-west-1").describe_images(Owners=["self"])["Images"]
+    }
+    assert used in left and gone not in left

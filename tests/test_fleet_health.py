@@ -1,25 +1,36 @@
-"""gpuforge-health (roles/health/files/gpuforge-health) against fake tools.
+"""gpuforge-health (roles/health/files/gpuforge-health) against stand-in tools.
 
-nvidia-smi, dcgmi and fi_info are stand-ins (test doubles: small scripts printing what the real
-tools print), because this machine has no GPU or EFA. The checks, their parsing and the exit
-status are the real script's.
+nvidia-smi, ibv_devinfo, fi_info, systemctl, dcgmi and scontrol are test doubles: small scripts
+that print recorded outputs (tests/fixtures/health, formats from real published outputs), because
+this machine has no GPU or EFA. /sys and /dev come from a fake tree. The checks, their parsing,
+the verdicts and the exit status are the real script's. Every check has a case here that makes
+it fail.
 """
 
 from __future__ import annotations
 
+import http.server
 import importlib.machinery
 import importlib.util
 import json
+import resource
+import shlex
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "roles" / "health" / "files" / "gpuforge-health"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "health"
+INSTANCE_TYPES = yaml.safe_load((REPO / "data" / "instance_types.yml").read_text())["gpuforge_instance_types"]
+DEFAULTS = yaml.safe_load((REPO / "roles" / "health" / "defaults" / "main.yml").read_text())
 
 
 def _load() -> ModuleType:
@@ -33,46 +44,115 @@ def _load() -> ModuleType:
 
 HEALTH = _load()
 
+# A stand-in tool: a shell script that matches its arguments (without --format=...) and prints the
+# recorded output with the recorded exit status, on stdout as nvidia-smi and systemctl do;
+# arguments it does not know exit 2.
+GPU_QUERY = "--query-gpu=index,name,persistence_mode,temperature.gpu"
+REMAP_QUERY = "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure"
+ECC_QUERY = "--query-gpu=index,ecc.errors.uncorrected.volatile.total,retired_pages.pending"
+PCIE_QUERY = "--query-gpu=index,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max"
+THROTTLE_QUERY = "--query-gpu=index," + ",".join(
+    f"clocks_event_reasons.{f}"
+    for f in ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown")
+)
+APPS_QUERY = "--query-compute-apps=pid,process_name,used_memory"
 
-def fake_tool(directory: Path, name: str, stdout: str, rc: int = 0) -> str:
-    path = directory / name
-    path.write_text(f"#!/bin/sh\ncat <<'OUT'\n{stdout}\nOUT\nexit {rc}\n")
-    path.chmod(0o755)
-    return str(path)
+
+class Tools:
+    """The stand-in tools of one test, with their tables, in a directory of their own."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.tables: dict[str, dict[str, list[Any]]] = {}
+
+    def set(self, tool: str, args: str, output: str, rc: int = 0) -> None:
+        self.tables.setdefault(tool, {})[args] = [output, rc]
+        cases = []
+        for n, (key, (text, code)) in enumerate(self.tables[tool].items()):
+            recorded = self.directory / f"{tool}.{n}.out"
+            recorded.write_text(text)
+            cases.append(f"  {shlex.quote(key)}) cat {shlex.quote(str(recorded))}; exit {code} ;;")
+        script = [
+            "#!/bin/sh",
+            'args=""',
+            'for a in "$@"; do case "$a" in --format*) ;; *) args="${args:+$args }$a" ;; esac; done',
+            'case "$args" in',
+            *cases,
+            '  *) echo "unexpected arguments: $args"; exit 2 ;;',
+            "esac",
+        ]
+        path = self.directory / tool
+        path.write_text("\n".join(script) + "\n")
+        path.chmod(0o755)
+
+    def path(self, tool: str) -> str:
+        return str(self.directory / tool)
 
 
-def smi_rows(temperatures: list[int]) -> str:
-    return "\n".join(f"{i}, {t}" for i, t in enumerate(temperatures))
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
 
 
-def fi_info_domains(count: int) -> str:
-    return "\n".join(
-        f"provider: efa\n    fabric: efa\n    domain: rdmap{16 + i}s27-rdm\n    version: 122.0"
-        for i in range(count)
-    )
+def fake_sys(root: Path, efa_devices: int) -> None:
+    """A /sys and /dev tree as on a healthy p5: EFA modules, GDRCopy, NVIDIA peer-to-peer per device."""
+    for module in ("efa", "ib_uverbs", "gdrdrv"):
+        (root / "sys" / "module" / module).mkdir(parents=True, exist_ok=True)
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev" / "gdrdrv").write_text("")
+    for n in range(efa_devices):
+        device = root / "sys" / "class" / "infiniband" / f"rdmap{n + 79}s0" / "device"
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "p2p").write_text("NVIDIA\n")
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> dict[str, Any]:
-    """A p5.48xlarge-like node configuration, as the role writes it, with tools in tmp_path."""
+def tools(tmp_path: Path) -> Tools:
+    """Every tool answering as on a healthy p5.48xlarge."""
+    t = Tools(tmp_path / "bin")
+    t.set("nvidia-smi", GPU_QUERY, fixture("smi-gpus-p5.csv"))
+    t.set("nvidia-smi", REMAP_QUERY, fixture("smi-remapped-rows-p5.csv"))
+    t.set("nvidia-smi", ECC_QUERY, fixture("smi-ecc-p5.csv"))
+    t.set("nvidia-smi", PCIE_QUERY, fixture("smi-pcie-p5.csv"))
+    t.set("nvidia-smi", THROTTLE_QUERY, fixture("smi-throttle-p5.csv"))
+    t.set("nvidia-smi", APPS_QUERY, "")
+    t.set("nvidia-smi", "nvlink --status", fixture("smi-nvlink-status-p5.txt"))
+    t.set("nvidia-smi", "nvlink --errorcounters", fixture("smi-nvlink-errors-p5.txt"))
+    t.set("ibv_devinfo", "", fixture("ibv_devinfo-p5.txt"))
+    t.set("fi_info", "-p efa -t FI_EP_RDM", fixture("fi_info-efa-p5.txt"))
+    t.set("systemctl", "is-active nvidia-fabricmanager", "active\n")
+    for level in (1, 2, 3):
+        t.set("dcgmi", f"diag -r {level}", "| Deployment | Pass |\n| Memory    | Pass |\n")
+    return t
+
+
+@pytest.fixture
+def config(tmp_path: Path, tools: Tools, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A p5.48xlarge node's configuration as the role writes it, with the stand-ins and fake trees."""
     log = tmp_path / "kern.log"
-    log.write_text("kernel: Linux version 6.8.0\n")
+    log.write_text("kernel: Linux version 6.8.0-1015-aws\n")
+    fake_sys(tmp_path / "root", 32)
+    # EFA needs unlimited locked memory; this test process's own limit is the host's business.
+    monkeypatch.setattr(HEALTH.resource, "getrlimit", lambda _: (resource.RLIM_INFINITY,) * 2)
     return {
-        "gpu_present": True,
-        "efa_present": True,
-        "expected_gpus": 8,
-        "expected_efa": 32,
+        "instance_type": "p5.48xlarge",
+        "instance_types": INSTANCE_TYPES,
+        "imds": False,
+        "hardware_absent_by_design": False,
         "max_temperature_c": 85,
-        "dcgm_level": {"adhoc": 1, "prolog": 0, "epilog": 0},
+        "dcgm_level": {"adhoc": 3, "prolog": 1, "epilog": 0, "boot": 2},
         "timeout_s": 10,
         "dcgm_timeout_s": 10,
-        "xid_actions": {"48": "reset", "79": "reboot", "64": "isolate"},
+        "nvlink_error_limits": DEFAULTS["health_nvlink_error_limits"],
+        "pcie_by_gpu_model": DEFAULTS["health_pcie_by_gpu_model"],
+        "gpudirect_rdma_types": DEFAULTS["health_gpudirect_rdma_types"],
+        "gdrcopy_required": True,
+        "loopback_modes": [],
         "paths": [{"path": str(tmp_path), "min_free_gib": 0, "required": True}],
         "kernel_log_file": str(log),
+        "sys_root": str(tmp_path / "root"),
         "tools": {
-            "nvidia-smi": fake_tool(tmp_path, "nvidia-smi", smi_rows([40] * 8)),
-            "dcgmi": fake_tool(tmp_path, "dcgmi", "| Memory    | Pass |"),
-            "fi_info": fake_tool(tmp_path, "fi_info", fi_info_domains(32)),
+            name: tools.path(name) for name in ("nvidia-smi", "ibv_devinfo", "fi_info", "systemctl", "dcgmi")
         },
     }
 
@@ -81,138 +161,679 @@ def by_check(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {r["check"]: r for r in results}
 
 
-def test_healthy_node_passes_every_check(config: dict[str, Any]) -> None:
-    """All hardware present and as the instance type says: every check passes."""
+def statuses(config: dict[str, Any], mode: str = "adhoc") -> dict[str, str]:
+    return {r["check"]: r["status"] for r in HEALTH.run_checks(config, mode)}
+
+
+HARDWARE_CHECKS = [
+    "gpu_count",
+    "gpu_model",
+    "gpu_persistence_mode",
+    "gpu_temperature",
+    "gpu_row_remap",
+    "gpu_ecc",
+    "gpu_pcie_link",
+    "gpu_clock_throttle",
+    "fabric_manager",
+    "nvlink_state",
+    "nvlink_errors",
+    "gpu_xid",
+    "nvswitch_sxid",
+    "dcgm_diag",
+    "efa_devices",
+    "efa_ports",
+    "efa_libfabric",
+    "efa_modules",
+    "memlock_limit",
+    "gdrcopy",
+    "gpudirect_rdma",
+]
+
+
+def test_healthy_p5_passes_every_check(config: dict[str, Any]) -> None:
+    """Everything the p5.48xlarge promises is there and well: every hardware check passes."""
+    got = statuses(config, "prolog")
+    assert {name: got[name] for name in HARDWARE_CHECKS} == dict.fromkeys(HARDWARE_CHECKS, "pass")
+    assert got["gpu_leftover_processes"] == "pass"
+    assert got["efa_loopback"] == "skipped"
+
+
+GPU_TYPES = sorted(name for name, spec in INSTANCE_TYPES.items() if spec.get("gpus"))
+
+
+@pytest.mark.parametrize("instance_type", GPU_TYPES)
+def test_no_check_passes_when_promised_hardware_is_missing(
+    config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, instance_type: str
+) -> None:
+    """A GPU type's node with no driver, EFA or tools: the counts fail naming the promise; nothing passes."""
+    spec = INSTANCE_TYPES[instance_type]
+    config.update(instance_type=instance_type, tools={}, sys_root=str(tmp_path / "empty"))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    results = by_check(HEALTH.run_checks(config, "prolog"))
+    assert results["gpu_count"]["status"] == "fail"
+    assert f"0 of {spec['gpus']} GPUs" in results["gpu_count"]["detail"]
+    if spec.get("efa_interfaces"):
+        assert results["efa_devices"]["status"] == "fail"
+        assert f"0 of {spec['efa_interfaces']} EFA devices" in results["efa_devices"]["detail"]
+    passed = [name for name, r in results.items() if r["status"] == "pass" and not name.startswith("path ")]
+    assert passed == []
+
+
+def test_absent_by_design_is_the_lab_only_way_out(config: dict[str, Any], tmp_path: Path) -> None:
+    """The lab's test double turns every promised-hardware check into absent_by_design: never a pass."""
+    config.update(tools={}, sys_root=str(tmp_path / "empty"), hardware_absent_by_design=True)
+    results = by_check(HEALTH.run_checks(config, "prolog"))
+    for name in HARDWARE_CHECKS:
+        assert results[name]["status"] == "absent_by_design", name
+    assert "p5.48xlarge promises 8 GPU(s)" in results["gpu_count"]["detail"]
+    assert "gpuforge_lab_hardware_absent" in results["gpu_count"]["detail"]
+    assert "promises 32 EFA device(s)" in results["efa_devices"]["detail"]
+
+
+def test_types_without_the_hardware_skip_and_unknown_types_say_so(config: dict[str, Any]) -> None:
+    """A c5n.large promises no GPU and no EFA (skipped); a type missing from the data says it is unknown."""
+    config["instance_type"] = "c5n.large"
     results = by_check(HEALTH.run_checks(config, "adhoc"))
-    assert {name: r["status"] for name, r in results.items()} == {
-        "gpu_count": "pass",
-        "gpu_temperature": "pass",
-        "gpu_xid": "pass",
-        "dcgm_diag": "pass",
-        "efa_devices": "pass",
-        f"path {config['paths'][0]['path']}": "pass",
+    assert results["gpu_count"] == {
+        "check": "gpu_count",
+        "status": "skipped",
+        "detail": "c5n.large has no GPU(s)",
     }
-
-
-def test_no_hardware_is_never_a_pass(config: dict[str, Any]) -> None:
-    """Without GPU and EFA every hardware check says not_present, naming what the type should have."""
-    config.update(gpu_present=False, efa_present=False)
+    assert results["efa_devices"]["status"] == "skipped"
+    config["instance_type"] = "x9.unknown"
     results = by_check(HEALTH.run_checks(config, "adhoc"))
-    for name in ("gpu_count", "gpu_temperature", "gpu_xid", "dcgm_diag", "efa_devices"):
-        assert results[name]["status"] == "not_present", name
-    assert "the instance type has 8" in results["gpu_count"]["detail"]
-    assert "the instance type has 32" in results["efa_devices"]["detail"]
+    assert results["gpu_count"]["status"] == "skipped"
+    assert "x9.unknown is not in data/instance_types.yml" in results["gpu_count"]["detail"]
+
+
+def replace_rows(text: str, index: int, row: str) -> str:
+    lines = text.splitlines()
+    lines[index] = row
+    return "\n".join(lines) + "\n"
+
+
+# (check, tool, args, fixture, line to change (None: replace the output), new text, rc, detail)
+FAILURES = [
+    (
+        "gpu_count",
+        "nvidia-smi",
+        GPU_QUERY,
+        "smi-gpus-p5.csv",
+        None,
+        "".join(f"{i}, NVIDIA H100 80GB HBM3, Enabled, 33\n" for i in range(7)),
+        0,
+        "7 of 8 GPUs",
+    ),
+    (
+        "gpu_count",
+        "nvidia-smi",
+        GPU_QUERY,
+        "smi-gpus-p5.csv",
+        None,
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        9,
+        "0 of 8 GPUs usable",
+    ),
+    (
+        "gpu_model",
+        "nvidia-smi",
+        GPU_QUERY,
+        "smi-gpus-p5.csv",
+        3,
+        "3, NVIDIA A100-SXM4-80GB, Enabled, 33",
+        0,
+        "GPU 3 is NVIDIA A100-SXM4-80GB (expected H100)",
+    ),
+    (
+        "gpu_persistence_mode",
+        "nvidia-smi",
+        GPU_QUERY,
+        "smi-gpus-p5.csv",
+        5,
+        "5, NVIDIA H100 80GB HBM3, Disabled, 33",
+        0,
+        "persistence mode off on GPU 5",
+    ),
+    (
+        "gpu_temperature",
+        "nvidia-smi",
+        GPU_QUERY,
+        "smi-gpus-p5.csv",
+        2,
+        "2, NVIDIA H100 80GB HBM3, Enabled, 85",
+        0,
+        "GPU 2 at 85 C (limit 85 C)",
+    ),
+    (
+        "gpu_row_remap",
+        "nvidia-smi",
+        REMAP_QUERY,
+        "smi-remapped-rows-p5.csv",
+        1,
+        "00000000:64:00.0, 1, 0",
+        0,
+        "row remap pending on 00000000:64:00.0 (GPU reset needed)",
+    ),
+    (
+        "gpu_row_remap",
+        "nvidia-smi",
+        REMAP_QUERY,
+        "smi-remapped-rows-p5.csv",
+        6,
+        "00000000:B9:00.0, 0, 1",
+        0,
+        "row remap failed on 00000000:B9:00.0 (replace the GPU)",
+    ),
+    (
+        "gpu_ecc",
+        "nvidia-smi",
+        ECC_QUERY,
+        "smi-ecc-p5.csv",
+        4,
+        "4, 2, [N/A]",
+        0,
+        "GPU 4: 2 uncorrectable ECC errors",
+    ),
+    (
+        "gpu_ecc",
+        "nvidia-smi",
+        ECC_QUERY,
+        "smi-ecc-p5.csv",
+        0,
+        "0, 0, Yes",
+        0,
+        "GPU 0: page retirement pending",
+    ),
+    (
+        "gpu_pcie_link",
+        "nvidia-smi",
+        PCIE_QUERY,
+        "smi-pcie-p5.csv",
+        7,
+        "7, 5, 8, 16",
+        0,
+        "GPU 7 at Gen5 x8 (expected Gen5 x16)",
+    ),
+    ("gpu_pcie_link", "nvidia-smi", PCIE_QUERY, "smi-pcie-p5.csv", 1, "1, 3, 16, 16", 0, "GPU 1 at Gen3 x16"),
+    (
+        "gpu_clock_throttle",
+        "nvidia-smi",
+        THROTTLE_QUERY,
+        "smi-throttle-p5.csv",
+        2,
+        "2, Active, Not Active, Not Active, Not Active",
+        0,
+        "GPU 2 hw_slowdown",
+    ),
+    (
+        "gpu_clock_throttle",
+        "nvidia-smi",
+        THROTTLE_QUERY,
+        "smi-throttle-p5.csv",
+        6,
+        "6, Not Active, Active, Not Active, Not Active",
+        0,
+        "GPU 6 hw_thermal_slowdown",
+    ),
+    (
+        "gpu_leftover_processes",
+        "nvidia-smi",
+        APPS_QUERY,
+        None,
+        None,
+        "48213, python3, 61234\n",
+        0,
+        "1 process(es) still on the GPUs: pid 48213 python3",
+    ),
+    (
+        "nvlink_state",
+        "nvidia-smi",
+        "nvlink --status",
+        "smi-nvlink-status-p5.txt",
+        20,
+        "\t Link 1: <inactive>",
+        0,
+        "1 of 144 NVLinks inactive",
+    ),
+    (
+        "nvlink_errors",
+        "nvidia-smi",
+        "nvlink --errorcounters",
+        "smi-nvlink-errors-p5.txt",
+        2,
+        "\t Link 0: Recovery Errors: 3",
+        0,
+        "Recovery errors 3 (limit 0)",
+    ),
+    (
+        "fabric_manager",
+        "systemctl",
+        "is-active nvidia-fabricmanager",
+        None,
+        None,
+        "failed\n",
+        3,
+        "nvidia-fabricmanager is failed",
+    ),
+    ("dcgm_diag", "dcgmi", "diag -r 1", None, None, "| Memory    | Fail - GPU 3 |\n", 226, "Fail - GPU 3"),
+    ("efa_devices", "ibv_devinfo", "", "ibv_devinfo-p5.txt", None, None, 0, "31 of 32 EFA devices"),
+    (
+        "efa_ports",
+        "ibv_devinfo",
+        "",
+        "ibv_devinfo-p5.txt",
+        10,
+        "\t\t\tstate:\t\t\tPORT_DOWN (1)",
+        0,
+        "port not PORT_ACTIVE on rdmap79s0",
+    ),
+    (
+        "efa_libfabric",
+        "fi_info",
+        "-p efa -t FI_EP_RDM",
+        None,
+        None,
+        "fi_getinfo: -61 (No data available)\n",
+        1,
+        "0 of 32 EFA domains",
+    ),
+]
 
 
 @pytest.mark.parametrize(
-    ("temperatures", "count_status", "temp_status"),
-    [([40] * 7, "fail", "pass"), ([40] * 7 + [90], "pass", "fail"), ([85] * 8, "pass", "fail")],
-    ids=["missing-gpu", "hot-gpu", "at-limit"],
+    ("check", "tool", "args", "source", "index", "text", "rc", "detail"),
+    FAILURES,
+    ids=[f"{f[0]}-{i}" for i, f in enumerate(FAILURES)],
 )
-def test_gpu_count_and_temperature(
-    config: dict[str, Any], tmp_path: Path, temperatures: list[int], count_status: str, temp_status: str
+def test_each_check_fails_on_its_fault(
+    config: dict[str, Any],
+    tools: Tools,
+    check: str,
+    tool: str,
+    args: str,
+    source: str | None,
+    index: int | None,
+    text: str | None,
+    rc: int,
+    detail: str,
 ) -> None:
-    """A GPU short fails the count; a GPU at or above 85 C fails the temperature check."""
-    config["tools"]["nvidia-smi"] = fake_tool(tmp_path, "nvidia-smi", smi_rows(temperatures))
-    results = by_check(HEALTH.check_gpus(config))
-    assert results["gpu_count"]["status"] == count_status
-    assert results["gpu_temperature"]["status"] == temp_status
-
-
-def test_nvidia_smi_missing_or_failing_fails(
-    config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A GPU without a working nvidia-smi is a failure, not a skip."""
-    config["tools"]["nvidia-smi"] = fake_tool(tmp_path, "nvidia-smi", "NVIDIA-SMI has failed", rc=9)
-    assert {r["status"] for r in HEALTH.check_gpus(config)} == {"fail"}
-    config["tools"]["nvidia-smi"] = str(tmp_path / "absent")
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert all("not found" in r["detail"] for r in HEALTH.check_gpus(config))
+    """One fault in one recorded output fails exactly the check that looks at it, saying what it saw."""
+    if source is not None and text is None:
+        # Drop the last EFA device from ibv_devinfo.
+        output = "hca_id:".join(fixture(source).split("hca_id:")[:-1]).rstrip() + "\n"
+    elif source is not None and index is not None:
+        assert text is not None
+        output = replace_rows(fixture(source), index, text)
+    else:
+        assert text is not None
+        output = text
+    tools.set(tool, args, output, rc)
+    results = by_check(HEALTH.run_checks(config, "prolog"))
+    assert results[check]["status"] == "fail", results[check]
+    assert detail in results[check]["detail"]
 
 
 @pytest.mark.parametrize(
-    ("lines", "status", "action"),
+    ("missing", "check", "detail"),
     [
-        ([], "pass", "none"),
-        (["NVRM: Xid (PCI:0000:10:1c): 13, pid=4242, Graphics Exception"], "pass", "none"),
-        (["NVRM: Xid (PCI:0000:10:1c): 48, pid=1, DBE"], "fail", "reset"),
+        ("sys/module/efa", "efa_modules", "not loaded: efa"),
+        ("sys/module/ib_uverbs", "efa_modules", "not loaded: ib_uverbs"),
+        ("dev/gdrdrv", "gdrcopy", "gdrdrv not loaded"),
         (
-            [
-                "NVRM: Xid (PCI:0000:10:1c): 48, pid=1",
-                "NVRM: Xid (PCI:0000:97:00): 79, pid=0, fallen off the bus",
-            ],
-            "fail",
-            "reboot",
-        ),
-        (
-            ["NVRM: Xid (PCI:0000:10:1c): 79, pid=0", "NVRM: Xid (PCI:0000:10:1c): 64, pid=0"],
-            "fail",
-            "isolate",
+            "sys/class/infiniband/rdmap83s0/device/p2p",
+            "gpudirect_rdma",
+            "no NVIDIA peer-to-peer on rdmap83s0",
         ),
     ],
-    ids=["clean", "app-error", "reset", "reboot-wins", "isolate-wins"],
 )
-def test_xid_classification(config: dict[str, Any], lines: list[str], status: str, action: str) -> None:
-    """XIDs in the kernel log are classified; the worst action decides."""
-    Path(config["kernel_log_file"]).write_text("".join(f"[  12.3] {line}\n" for line in lines))
-    (result,) = HEALTH.check_xid(config)
+def test_sysfs_checks(config: dict[str, Any], missing: str, check: str, detail: str) -> None:
+    """Kernel modules, the GDRCopy device and each EFA device's GPUDirect RDMA path come from sysfs."""
+    path = Path(config["sys_root"]) / missing
+    if path.is_dir():
+        path.rmdir()
+    else:
+        path.unlink()
+    result = by_check(HEALTH.run_checks(config, "adhoc"))[check]
+    assert result["status"] == "fail"
+    assert detail in result["detail"]
+
+
+def test_memlock_limit(config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """EFA needs unlimited locked memory; Debian's default 8 MiB fails."""
+    monkeypatch.setattr(HEALTH.resource, "getrlimit", lambda _: (8 * 2**20, 8 * 2**20))
+    result = by_check(HEALTH.run_checks(config, "adhoc"))["memlock_limit"]
+    assert (result["status"], result["detail"]) == (
+        "fail",
+        "locked memory limited to 8192 KiB (EFA needs unlimited)",
+    )
+
+
+def test_nvswitch_checks_only_on_nvswitch_types(config: dict[str, Any]) -> None:
+    """A g6.48xlarge (L4, no NVSwitch, no GPUDirect RDMA) does not look for fabric manager or NVLinks."""
+    config["instance_type"] = "g6.48xlarge"
+    got = statuses(config)
+    assert {
+        got[n] for n in ("fabric_manager", "nvlink_state", "nvlink_errors", "nvswitch_sxid", "gpudirect_rdma")
+    } == {"skipped"}
+    assert got["gpu_model"] == "fail"  # the stand-in prints H100s, the type promises L4s
+
+
+def test_dcgm_level_per_mode(config: dict[str, Any], tools: Tools) -> None:
+    """Prolog runs the quick level 1, after boot level 2, ad hoc level 3; 0 (the epilog here) turns it off."""
+    for mode, level in (("prolog", 1), ("boot", 2), ("adhoc", 3)):
+        result = by_check(HEALTH.run_checks(config, mode))["dcgm_diag"]
+        assert (result["status"], result["detail"]) == ("pass", f"dcgmi diag -r {level} passed")
+    assert by_check(HEALTH.run_checks(config, "epilog"))["dcgm_diag"]["status"] == "skipped"
+    assert DEFAULTS["health_dcgm_level"] == {"prolog": 1, "epilog": 0, "boot": 2, "adhoc": 3}
+
+
+# Kernel-log lines as published:
+# - Xid 63: stas00/ml-engineering compute/accelerator/nvidia/debug.md.
+# - Xid 79: NVIDIA, "Analyzing Xid Errors with the Xid Catalog", step 1.
+# - Xid 119: plexus.company/guides/gpu-xid-errors/119 ("Typical kernel-log signature").
+# - Xid 154: the string NVIDIA's catalog gives for it ("GPU recovery action changed from 0x0 (None) to
+#   0x2 (Node Reboot Required)").
+# - SXid: the NVSwitch error format of NVIDIA's Fabric Manager user guide.
+XID_63 = (
+    "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, "
+    "reset gpu to activate."
+)
+XID_79 = "NVRM: Xid (PCI:0000:5a:00): 79, GPU has fallen off the bus."
+XID_119 = "NVRM: Xid (PCI:0000:65:00): 119, pid='N/A', Timeout waiting for RPC from GSP"
+XID_13 = "NVRM: Xid (PCI:0000:53:00): 13, pid=4242, name=python3, Graphics Exception: ESR 0x514648=0x1000f"
+XID_31 = "NVRM: Xid (PCI:0000:53:00): 31, pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault"
+XID_43 = "NVRM: Xid (PCI:0000:53:00): 43, pid=4242, name=python3, Ch 00000008"
+XID_45 = "NVRM: Xid (PCI:0000:53:00): 45, pid=4242, name=python3, Ch 00000008"
+XID_48 = (
+    "NVRM: Xid (PCI:0000:53:00): 48, pid=4242, name=python3, "
+    "An uncorrectable double bit error (DBE) has been detected"
+)
+
+
+def xid_154(device: str, old: str, new: str) -> str:
+    codes = {"None": "0x0", "GPU Reset Required": "0x1", "Node Reboot Required": "0x2", "Drain P2P": "0x3"}
+    change = f"from {codes[old]} ({old}) to {codes[new]} ({new})"
+    return f"NVRM: Xid ({device}): 154, GPU recovery action changed {change}"
+
+
+@pytest.mark.parametrize(
+    ("lines", "status", "action", "klass"),
+    [
+        ([], "pass", "none", None),
+        ([XID_13, XID_31, XID_43, XID_45], "pass", "none", "application"),
+        ([XID_63], "pass", "none", "application"),
+        ([XID_48], "fail", "reset", "hardware"),
+        ([XID_119], "fail", "reset", "hardware"),
+        ([XID_48, XID_79], "fail", "reboot", "hardware"),
+        ([XID_13, xid_154("PCI:0000:53:00", "None", "Node Reboot Required")], "fail", "reboot", "hardware"),
+        (
+            [
+                XID_48,
+                xid_154("PCI:0000:53:00", "None", "GPU Reset Required"),
+                xid_154("PCI:0000:53:00", "GPU Reset Required", "None"),
+            ],
+            "pass",
+            "none",
+            "hardware",
+        ),
+        ([xid_154("PCI:0000:53:00", "GPU Reset Required", "None"), XID_48], "fail", "reset", "hardware"),
+        (["NVRM: Xid (PCI:0000:53:00): 167, PCIE_FATAL_TIMEOUT"], "fail", "reset", "hardware"),
+    ],
+    ids=[
+        "clean",
+        "application-xids",
+        "row-remap-event-only",
+        "dbe",
+        "gsp-timeout",
+        "reboot-wins",
+        "xid154-says-reboot",
+        "xid154-cleared",
+        "hardware-after-xid154",
+        "xid-167",
+    ],
+)
+def test_xid_classification(
+    config: dict[str, Any], lines: list[str], status: str, action: str, klass: str | None
+) -> None:
+    """Hardware XIDs fail with NVIDIA's action, application ones do not; Xid 154 says what a GPU needs now."""
+    Path(config["kernel_log_file"]).write_text(
+        "".join(f"[  12.{i}] {line}\n" for i, line in enumerate(lines))
+    )
+    result = by_check(HEALTH.run_checks(config, "prolog"))["gpu_xid"]
     assert (result["status"], result["action"]) == (status, action)
+    if klass is not None:
+        assert klass in result["detail"]
 
 
-def test_dcgm_levels(config: dict[str, Any], tmp_path: Path) -> None:
-    """The prolog skips dcgmi (level 0); ad hoc runs it and a failed test fails the check."""
-    assert HEALTH.check_dcgm(config, 0)[0]["status"] == "skipped"
-    assert HEALTH.check_dcgm(config, 1)[0]["status"] == "pass"
-    config["tools"]["dcgmi"] = fake_tool(tmp_path, "dcgmi", "| Memory    | Fail - GPU 3 |", rc=226)
-    (result,) = HEALTH.check_dcgm(config, 2)
-    assert result["status"] == "fail" and "GPU 3" in result["detail"]
+def test_xid_catalog_covers_the_current_catalog() -> None:
+    """Xids up to 169 from NVIDIA's catalog are classified; the application ones are not hardware."""
+    catalog = HEALTH.XID_CATALOG
+    assert max(catalog) >= 168 - 1 and {109, 119, 120, 136, 140, 143, 154, 155, 158} <= set(catalog)
+    for app in (13, 31, 43, 45):
+        assert catalog[app] not in HEALTH.HARDWARE_BUCKETS, app
+    for hw in (48, 64, 74, 79, 95, 119, 140):
+        assert catalog[hw] in HEALTH.HARDWARE_BUCKETS, hw
 
 
-@pytest.mark.parametrize(("domains", "status"), [(32, "pass"), (31, "fail")])
-def test_efa_device_count(config: dict[str, Any], tmp_path: Path, domains: int, status: str) -> None:
-    """fi_info -p efa must list the instance type's EFA device count."""
-    config["tools"]["fi_info"] = fake_tool(tmp_path, "fi_info", fi_info_domains(domains))
-    (result,) = HEALTH.check_efa(config)
+@pytest.mark.parametrize(
+    ("line", "status"),
+    [
+        (
+            "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 24007, Fatal, Link 28 sourcetrack TCEN0 crumbstore "
+            "ECC DBE Error",
+            "fail",
+        ),
+        (
+            "nvidia-nvswitch2: SXid (PCI:0000:15:00.0): 28006, Non-fatal, Link 02 MC TS crumbstore "
+            "MCTO (First)",
+            "pass",
+        ),
+    ],
+    ids=["fatal", "non-fatal"],
+)
+def test_sxid(config: dict[str, Any], line: str, status: str) -> None:
+    """A fatal NVSwitch SXid fails the node; a non-fatal one is reported."""
+    Path(config["kernel_log_file"]).write_text(f"[  40.1] {line}\n")
+    result = by_check(HEALTH.run_checks(config, "adhoc"))["nvswitch_sxid"]
     assert result["status"] == status
-    assert f"{domains} of 32" in result["detail"]
+    assert line.split(": ")[2].split(",")[0] in result["detail"]
+
+
+def test_a_clean_kernel_log_is_no_pass_without_the_gpus(config: dict[str, Any], tools: Tools) -> None:
+    """With a GPU missing, the XID and SXid checks are not judged: their silence proves nothing."""
+    tools.set(
+        "nvidia-smi", GPU_QUERY, "".join(f"{i}, NVIDIA H100 80GB HBM3, Enabled, 33\n" for i in range(7))
+    )
+    got = by_check(HEALTH.run_checks(config, "adhoc"))
+    assert got["gpu_xid"]["status"] == "skipped"
+    assert got["gpu_xid"]["detail"].startswith("not judged while gpu_count fails")
 
 
 def test_paths(config: dict[str, Any], tmp_path: Path) -> None:
-    """A missing required path or one short of free space fails; a missing optional one is not_present."""
+    """A missing required path or one short of free space fails; a missing optional one is skipped."""
     config["paths"] = [
         {"path": str(tmp_path / "checkpoints"), "required": True},
         {"path": str(tmp_path / "fsx"), "required": False},
         {"path": str(tmp_path), "min_free_gib": 10**9},
     ]
-    statuses = [r["status"] for r in HEALTH.check_paths(config)]
-    assert statuses == ["fail", "not_present", "fail"]
+    results = [r["status"] for r in HEALTH.run_checks(config, "adhoc") if r["check"].startswith("path ")]
+    assert results == ["fail", "skipped", "fail"]
 
 
-def test_prolog_exit_status_and_reason(config: dict[str, Any], tmp_path: Path) -> None:
-    """As a prolog the script exits 1 on a failure and says why on stderr (slurmd keeps it)."""
-    config["tools"]["nvidia-smi"] = fake_tool(tmp_path, "nvidia-smi", smi_rows([40] * 7))
+def run_script(config: dict[str, Any], tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The script as slurmd runs it, through a fallback --config, with a minimal environment.
+
+    The node is a p5.48xlarge without EFA (an instance-type row of this test's own), because the
+    memlock check reads the real process limit, which this machine keeps at 8 MiB.
+    """
+    spec = dict(INSTANCE_TYPES["p5.48xlarge"], efa_interfaces=0)
+    config = dict(config, instance_type="test.p5-no-efa", instance_types={"test.p5-no-efa": spec})
     path = tmp_path / "health.json"
     path.write_text(json.dumps(config))
+    return subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--config",
+            str(tmp_path / "missing.json"),
+            "--config",
+            str(path),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "gpu-st-p5-48xlarge-7"},
+    )
+
+
+def fake_scontrol(tmp_path: Path, shown: str) -> tuple[Path, Path]:
+    """A stand-in scontrol: `show node` prints `shown`, `update` records its arguments."""
+    calls = tmp_path / "scontrol.calls"
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = show ]; then echo {shlex.quote(shown)}; exit 0; fi\n'
+        f"printf '%s\\n' \"$@\" >> {calls}\n"
+    )
+    scontrol.chmod(0o755)
+    return scontrol, calls
+
+
+def test_prolog_failure_drains_the_node_naming_the_check(
+    config: dict[str, Any], tools: Tools, tmp_path: Path
+) -> None:
+    """As a prolog with --drain: exit 1, the reason on stderr, scontrol drains the node naming the check."""
+    tools.set(
+        "nvidia-smi", GPU_QUERY, "".join(f"{i}, NVIDIA H100 80GB HBM3, Enabled, 33\n" for i in range(7))
+    )
+    scontrol, calls = fake_scontrol(tmp_path, "NodeName=gpu-st-p5-48xlarge-7 State=IDLE Reason=(null)")
+    config["tools"]["scontrol"] = str(scontrol)
+    proc = run_script(config, tmp_path, "--mode", "prolog", "--drain")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "gpu_count: 7 of 8 GPUs visible to nvidia-smi" in proc.stderr
+    assert calls.read_text().splitlines() == [
+        "update",
+        "NodeName=gpu-st-p5-48xlarge-7",
+        "State=DRAIN",
+        "Reason=gpuforge-health prolog: gpu_count",
+    ]
+    assert "drained gpu-st-p5-48xlarge-7" in proc.stderr
+
+
+def test_the_first_drain_reason_stays(config: dict[str, Any], tools: Tools, tmp_path: Path) -> None:
+    """The epilog after a failed prolog fails too, but leaves the prolog's reason in place."""
+    tools.set("nvidia-smi", GPU_QUERY, "NVIDIA-SMI has failed", 9)
+    shown = "NodeName=gpu-st-p5-48xlarge-7 State=IDLE+DRAIN Reason=gpuforge-health prolog: gpu_count [root@t]"
+    scontrol, calls = fake_scontrol(tmp_path, shown)
+    config["tools"]["scontrol"] = str(scontrol)
+    proc = run_script(config, tmp_path, "--mode", "epilog", "--drain")
+    assert proc.returncode == 1
+    assert not calls.exists()
+    assert "already drained: gpuforge-health prolog: gpu_count" in proc.stderr
+
+
+def test_drain_reason_names_causes_and_counts_consequences() -> None:
+    """A node without its GPUs and EFA is drained for gpu_count and efa_devices, not 20 check names."""
+    failed = [
+        {"check": n} for n in ("gpu_count", "gpu_model", "gpu_xid", "efa_devices", "efa_ports", "path /x")
+    ]
+    assert HEALTH.drain_reason("boot", failed) == (
+        "gpuforge-health boot: gpu_count, efa_devices, path /x (+3 dependent)"
+    )
+
+
+def test_healthy_prolog_exits_zero_and_does_not_drain(config: dict[str, Any], tmp_path: Path) -> None:
+    """A healthy node: exit 0, healthy in the JSON report, no drain."""
+    config["tools"]["scontrol"] = str(tmp_path / "no-scontrol")
+    proc = run_script(config, tmp_path, "--mode", "prolog", "--drain", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["healthy"] is True and "drain" not in report
+
+
+def test_no_configuration_is_a_clear_error(tmp_path: Path) -> None:
+    """Without any configuration file the script says where it looked, without a traceback."""
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--config", str(path), "--mode", "prolog"],
+        [sys.executable, str(SCRIPT), "--config", str(tmp_path / "nope.json")],
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 1
-    assert "gpu_count: 7 of 8 GPUs" in proc.stderr
-    healthy = dict(
-        config,
-        tools=dict(config["tools"], **{"nvidia-smi": fake_tool(tmp_path, "ok-smi", smi_rows([40] * 8))}),
-    )
-    path.write_text(json.dumps(healthy))
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--config", str(path), "--mode", "prolog", "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0
-    report = json.loads(proc.stdout)
-    assert report["healthy"] is True
-    assert by_check(report["results"])["dcgm_diag"]["status"] == "skipped"
+    assert proc.stderr.startswith("gpuforge-health: error: no configuration found")
+
+
+@pytest.mark.parametrize(
+    ("client_rc", "status"), [(0, "pass"), (1, "fail")], ids=["loopback-ok", "loopback-broken"]
+)
+def test_efa_loopback(config: dict[str, Any], tools: Tools, client_rc: int, status: str) -> None:
+    """Ad hoc and after boot, fi_pingpong over EFA between a server and a client on this node."""
+    server = "-p efa -e rdm -P 47592"
+    tools.set("fi_pingpong", server, "bytes   #sent   #ack     total       time     MB/sec\n")
+    tools.set("fi_pingpong", f"{server} localhost", "fi_getinfo(): -61 (No data available)\n", client_rc)
+    config.update(loopback_modes=["adhoc", "boot"])
+    config["tools"]["fi_pingpong"] = tools.path("fi_pingpong")
+    result = by_check(HEALTH.run_checks(config, "boot"))["efa_loopback"]
+    assert result["status"] == status, result
+    assert by_check(HEALTH.run_checks(config, "prolog"))["efa_loopback"]["status"] == "skipped"
+
+
+def test_row_remapping_not_supported_is_skipped_not_failed(config: dict[str, Any], tools: Tools) -> None:
+    """A GPU without a row remapper (GDDR: A10G, L4) is not drained for it, nor does it pass."""
+    tools.set("nvidia-smi", REMAP_QUERY, 'Field "remapped_rows.pending" is Not Supported on this GPU\n', 2)
+    result = by_check(HEALTH.run_checks(config, "adhoc"))["gpu_row_remap"]
+    assert result["status"] == "skipped" and "not supported" in result["detail"]
+
+
+class FakeIMDS(http.server.BaseHTTPRequestHandler):
+    """IMDSv2 on loopback (a test double): a token for a PUT, the instance type for that token only."""
+
+    instance_type = "g6.48xlarge"
+
+    def do_PUT(self) -> None:
+        ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+        self._reply(200 if ok else 400, "fake-token")
+
+    def do_GET(self) -> None:
+        ok = self.path == "/latest/meta-data/instance-type"
+        authorized = self.headers.get("X-aws-ec2-metadata-token") == "fake-token"
+        self._reply(200 if ok and authorized else 401, self.instance_type)
+
+    def _reply(self, code: int, body: str) -> None:
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def imds() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeIMDS)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_the_instance_type_comes_from_imds_at_run_time(config: dict[str, Any], imds: str) -> None:
+    """On EC2 the checks judge the type IMDSv2 names now (an image configured on a p5 booted as a g6)."""
+    dmi = Path(config["sys_root"]) / "sys" / "class" / "dmi" / "id"
+    dmi.mkdir(parents=True)
+    (dmi / "board_vendor").write_text("Amazon EC2\n")
+    config.update(imds=True, imds_endpoint=imds)
+    assert HEALTH.resolve_instance_type(config) == "g6.48xlarge"
+    results = by_check(HEALTH.run_checks(config, "adhoc"))
+    assert results["nvlink_state"]["detail"] == "g6.48xlarge has no NVSwitch"
+    assert results["gpu_model"]["status"] == "fail"  # the stand-in's H100s are not a g6's L4s
+    # Off EC2, or with IMDS off, the recorded type stands.
+    (dmi / "board_vendor").write_text("QEMU\n")
+    assert HEALTH.resolve_instance_type(config) == "p5.48xlarge"
+    (dmi / "board_vendor").write_text("Amazon EC2\n")
+    config["imds"] = False
+    assert HEALTH.resolve_instance_type(config) == "p5.48xlarge"
+    # IMDS unreachable: the recorded type, not a failure to start.
+    config.update(imds=True, imds_endpoint="http://127.0.0.1:9")
+    assert HEALTH.resolve_instance_type(config) == "p5.48xlarge"

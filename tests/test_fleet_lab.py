@@ -12,6 +12,7 @@ import json
 import re
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -124,6 +125,52 @@ def test_second_run_changes_nothing(cluster: dict[str, Any]) -> None:
     assert {host: s["changed"] for host, s in stats.items()} == {host: 0 for host in stats}
 
 
+def test_a_lab_node_without_the_test_double_fails_and_is_drained(cluster: dict[str, Any]) -> None:
+    """Without gpuforge_lab_hardware_absent a lab "p5.48xlarge" is a p5 without its GPUs and EFA.
+
+    Its post-boot check and its job prolog fail, and each drains the node on the real slurmctld
+    with a reason naming the failed checks; a job sent there does not run. Put back with the test
+    double, the node checks healthy and takes jobs again.
+    """
+    head, node = cluster["head"], cluster["compute"][1]
+    ip = next(h["ip"] for h in cluster["info"]["hosts"] if h["name"] == node)
+    limit = ("--limit", f"ip-{ip.replace('.', '-')}.ec2.internal", "--tags", "health")
+    try:
+        run = playbook(cluster["env"], SITE, *limit, "-e", "gpuforge_lab_hardware_absent=false")
+        assert run.returncode == 0, run.stdout[-4000:]
+        assert json.loads(on(node, "cat /etc/gpuforge/health.json"))["hardware_absent_by_design"] is False
+        # The post-boot run, as systemd starts it at boot.
+        assert "failed" in on(
+            node,
+            "systemctl start gpuforge-health-boot.service; systemctl is-failed gpuforge-health-boot",
+            check=False,
+        )
+        shown = on(head, f"scontrol show node {node}")
+        assert "Reason=gpuforge-health boot: gpu_count" in shown, shown
+        assert "0 of 8 GPUs usable" in on(node, "journalctl -u gpuforge-health-boot --no-pager -q")
+        on(head, f"scontrol update NodeName={node} State=RESUME")
+        # A job's prolog: the node is drained again, naming the check, and the job does not run there.
+        job_id = on(head, f"sbatch --parsable -w {node} -o /dev/null --wrap true").strip()
+        reason = ""
+        for _ in range(60):
+            reason = on(head, f"sinfo --noheader --nodes={node} --format='%T|%E'").strip()
+            if "gpuforge-health prolog" in reason:
+                break
+            time.sleep(1)
+        assert reason.startswith("drain") and "gpuforge-health prolog: gpu_count" in reason, reason
+        assert "efa_devices" in reason
+        assert job(head, job_id)["JobState"] != "COMPLETED"
+        on(head, f"scancel {job_id}")
+    finally:
+        # Back to the lab's test double: the same checks report absent_by_design and pass.
+        run = playbook(cluster["env"], SITE, *limit)
+        assert run.returncode == 0, run.stdout[-4000:]
+        on(head, f"scontrol update NodeName={node} State=RESUME", check=False)
+    assert "ABSENT_BY_DESIGN gpu_count" in on(node, "/usr/local/sbin/gpuforge-health --mode prolog")
+    states = dict(line.split() for line in on(head, "sinfo --noheader --Node --format='%N %T'").splitlines())
+    assert states[node] == "idle"
+
+
 def test_rolling_update_waits_for_the_running_job(cluster: dict[str, Any], tmp_path: Path) -> None:
     """A tuning change rolls through drained nodes; the running job ends untouched; a dead host is named."""
     head, first = cluster["head"], cluster["compute"][0]
@@ -203,7 +250,9 @@ def test_on_node_configured_pulls_the_repository(cluster: dict[str, Any], tmp_pa
     )
     stats = recap(output)
     assert stats["localhost"]["failed"] == 0, output[-4000:]
-    assert "NOT_PRESENT gpu_count" in output
+    # A node that is its own inventory, off EC2 (no IMDS), has no known instance type: nothing is
+    # promised, so the GPU checks say so and skip (never pass).
+    assert "SKIPPED gpu_count instance type unknown is not in data/instance_types.yml" in output
     assert on(node, "stat -c %a /usr/local/sbin/gpuforge-health").strip() == "755"
     assert "--mode prolog" in on(node, "cat /etc/slurm/prolog.d/50-gpuforge-health")
     # Others may commit meanwhile: compare with the commit the bundle carried.
@@ -226,9 +275,21 @@ def test_parallelcluster_mode_only_adds_scripts(cluster: dict[str, Any]) -> None
         on(node, "sha256sum /etc/slurm/slurm.conf; systemctl show -p ActiveEnterTimestamp slurmd") == before
     )
     assert "/etc/gpuforge/nccl.env" in on(node, "cat /opt/slurm/etc/scripts/gpuforge_task_prolog.sh")
+    # ParallelCluster shares /opt/slurm with every node: the hooks run the script copied there, with
+    # the node's own configuration or, on a node without one, the shared fallback next to it.
+    shared = "/opt/slurm/etc/scripts/gpuforge"
+    assert on(node, f"stat -c %a {shared}/gpuforge-health").strip() == "755"
     for mode in ("prolog", "epilog"):
-        assert f"--mode {mode}" in on(node, f"cat /opt/slurm/etc/scripts/{mode}.d/50-gpuforge-health")
-    on(node, "rmdir /opt/parallelcluster")
+        hook = on(node, f"cat /opt/slurm/etc/scripts/{mode}.d/50-gpuforge-health")
+        assert (
+            f"exec {shared}/gpuforge-health --config /etc/gpuforge/health.json --config {shared}/health.json "
+            f"--mode {mode} --drain"
+        ) in hook
+    # The fallback knows no instance type until IMDS names one (the lab has no IMDS): nothing is
+    # promised, so the GPU checks skip, never pass.
+    fallback = on(node, f"{shared}/gpuforge-health --config {shared}/health.json")
+    assert "gpu_count: instance type unknown is not in data/instance_types.yml" in fallback
+    on(node, "rm -rf /opt/parallelcluster /opt/slurm/etc/scripts/gpuforge")
 
 
 def test_a_head_node_alone_runs_slurmctld_and_queues_jobs() -> None:

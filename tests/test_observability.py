@@ -8,6 +8,7 @@ for /sys/class/infiniband on a host with EFA devices, which this machine has not
 from __future__ import annotations
 
 import csv
+import importlib.machinery
 import importlib.util
 import json
 import re
@@ -142,8 +143,19 @@ MUTATIONS = [
         "",
     ),
     ("GPUTemperatureHigh boundary", "DCGM_FI_DEV_GPU_TEMP > 85", "DCGM_FI_DEV_GPU_TEMP >= 85"),
-    ("GPUXidError", "DCGM_FI_DEV_XID_ERRORS > 0", "DCGM_FI_DEV_XID_ERRORS > 100"),
-    ("GPUExporterDown job", 'up{job="dcgm-exporter"} == 0', "up == 0"),
+    ("GPUXidHardware list", "or DCGM_FI_DEV_XID_ERRORS == 79\n", "\n"),
+    ("GPUXidApplication unless", "unless (", "and ("),
+    ("GPUExporterDown job", 'up{job="dcgm-exporter", instance_type=~', "up{instance_type=~"),
+    ("GPUExporterDown GPU types only", 'instance_type=~"[pg][0-9][a-z0-9-]*[.].+"', 'instance_type=~".+"'),
+    ("GPURowRemapFailure", "DCGM_FI_DEV_ROW_REMAP_FAILURE > 0", "DCGM_FI_DEV_ROW_REMAP_FAILURE > 1"),
+    ("GPUUncorrectableECC", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 5"),
+    ("NVLinkErrors recovery", "RECOVERY_ERROR_COUNT_TOTAL[10m]) > 0", "RECOVERY_ERROR_COUNT_TOTAL[10m]) > 1"),
+    (
+        "NVLinkErrors CRC",
+        "CRC_FLIT_ERROR_COUNT_TOTAL[10m]) > 1000",
+        "CRC_FLIT_ERROR_COUNT_TOTAL[10m]) > 9000",
+    ),
+    ("EFADeviceCountDrop", "gpuforge_efa_devices < max_over_time", "gpuforge_efa_devices > max_over_time"),
     ("EFAPacketLoss threshold", ") > 0.001", ") > 0.01"),
     ("EFAPacketLoss retransmits", "\n          or\n", "\n          and\n"),
     ("StorageNearQuota threshold", ") < 0.10", ") < 0.01"),
@@ -278,3 +290,76 @@ def test_efa_collector_units_verify(tmp_path: Path) -> None:
     )
     service = (OBS / "node-exporter" / "gpuforge-efa-textfile.service").read_text()
     assert "efa_textfile.py --out /var/lib/node_exporter/textfile_collector" in service
+
+
+def _health_script() -> ModuleType:
+    path = ROOT / "roles" / "health" / "files" / "gpuforge-health"
+    loader = importlib.machinery.SourceFileLoader("gpuforge_health_obs", str(path))
+    spec = importlib.util.spec_from_loader("gpuforge_health_obs", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_xid_alerts_split_as_the_health_checks_classify() -> None:
+    """The paging XIDs are exactly the health script's hardware XIDs (NVIDIA catalog) plus Xid 154."""
+    health = _health_script()
+    hardware = {xid for xid, bucket in health.XID_CATALOG.items() if bucket in health.HARDWARE_BUCKETS} | {
+        154
+    }
+    rules = {rule["alert"]: rule["expr"] for rule in alert_rules()}
+    page = {int(x) for x in re.findall(r"DCGM_FI_DEV_XID_ERRORS == (\d+)", rules["GPUXidHardware"])}
+    application = rules["GPUXidApplication"]
+    unless = {
+        int(x) for x in re.findall(r"DCGM_FI_DEV_XID_ERRORS == (\d+)", application.split("unless", 1)[1])
+    }
+    assert page == hardware == unless
+    assert not {13, 31, 43, 45} & page
+    severities = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
+    assert (severities["GPUXidHardware"], severities["GPUXidApplication"]) == ("page", "ticket")
+
+
+def test_gpu_exporter_is_scraped_and_alerted_only_on_gpu_instance_types() -> None:
+    """One regex of GPU instance types in the scrape config and the alert, true to data/instance_types.yml."""
+    config = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "dcgm-exporter")
+    keep = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
+    assert [r["source_labels"] for r in keep] == [["__meta_ec2_instance_type"]]
+    regex = keep[0]["regex"]
+    down = next(rule for rule in alert_rules() if rule["alert"] == "GPUExporterDown")
+    assert f'instance_type=~"{regex}"' in down["expr"]
+    types = yaml.safe_load((ROOT / "data" / "instance_types.yml").read_text())["gpuforge_instance_types"]
+    for name, spec in types.items():
+        assert bool(re.fullmatch(regex, name)) == bool(spec.get("gpus")), name
+    for name in ("p6-b200.48xlarge", "g6e.12xlarge", "p4de.24xlarge"):
+        assert re.fullmatch(regex, name), name
+    for name in ("trn1.32xlarge", "c7i.large", "m5.xlarge"):
+        assert not re.fullmatch(regex, name), name
+
+
+def test_dashboard_units() -> None:
+    """MiB for framebuffer memory, W and MHz on their own axes (DCGM's units)."""
+    panels = {p["title"]: p for p in json.loads(DASHBOARD.read_text())["panels"]}
+    assert panels["GPU memory used"]["fieldConfig"]["defaults"]["unit"] == "mbytes"  # Grafana's MiB
+    power = panels["GPU power (W) and SM clock (MHz)"]
+    assert [t["expr"].split("{")[0] for t in power["targets"]] == [
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_SM_CLOCK",
+    ]
+    defaults = power["fieldConfig"]["defaults"]
+    assert (defaults["unit"], defaults["custom"]["axisPlacement"]) == ("watt", "left")
+    (override,) = power["fieldConfig"]["overrides"]
+    assert override["matcher"] == {"id": "byFrameRefID", "options": "B"}
+    props = {p["id"]: p["value"] for p in override["properties"]}
+    assert (props["unit"], props["custom.axisPlacement"]) == ("rotmhz", "right")
+
+
+def test_the_dcgm_role_collects_every_counter_the_alerts_and_dashboard_use() -> None:
+    """The dcgm role's collectors file carries every field of observability/dcgm-exporter/counters.csv."""
+
+    def fields(text: str) -> set[str]:
+        return {line.split(",")[0].strip() for line in text.splitlines() if line.startswith("DCGM_FI_")}
+
+    role = ROOT / "roles" / "dcgm" / "templates" / "etc" / "dcgm-exporter" / "default-counters.csv.j2"
+    assert fields((OBS / "dcgm-exporter" / "counters.csv").read_text()) <= fields(role.read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,14 @@ import pytest
 
 from gpuforge import versions
 from gpuforge.ami import manifest as packer_manifest
-from gpuforge.ami.packer import MODERN_PLUGINS_FILE, MachineLine, Packer, Progress, write_var_file
+from gpuforge.ami.packer import (
+    MODERN_PLUGINS_FILE,
+    MachineLine,
+    Packer,
+    Progress,
+    stage_templates,
+    write_var_file,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PACKER_DIR = REPO / "packer"
@@ -143,7 +151,21 @@ def _fake_root(root: Path) -> None:
         "var/lib/cloud/data/instance-id": "i-0abc\n",
         "var/lib/cloud/seed/nocloud/meta-data": "instance-id: lab\n",
         "var/log/cloud-init.log": "log\n",
-        "var/log/syslog": "kept\n",
+        "var/log/syslog": "builder's syslog\n",
+        "var/log/journal/0123/system.journal": "journal\n",
+        "var/log/lastlog": "builder logins\n",
+        "tmp/ansible-build.log": "x\n",
+        "tmp/.hidden": "x\n",
+        "var/tmp/packer-cache": "x\n",
+        "var/crash/_usr_bin_python3.0.crash": "core\n",
+        "opt/parallelcluster/pin_releasesever": "",
+        "etc/yum/vars/releasever": "8\n",
+        "etc/udev/rules.d/70-persistent-net.rules": "SUBSYSTEM==net\n",
+        "etc/udev/rules.d/60-keep.rules": "kept\n",
+        "etc/sysconfig/network-scripts/ifcfg-eth0": (
+            "# Created by cloud-init on instance boot automatically\n"
+        ),
+        "etc/sysconfig/network-scripts/ifcfg-lo": "DEVICE=lo\n",
         "etc/machine-id": "0123456789abcdef0123456789abcdef\n",
         "var/lib/dbus/machine-id": "0123456789abcdef0123456789abcdef\n",
     }
@@ -170,9 +192,22 @@ def test_sanitize_removes_host_identity_and_secrets(tmp_path: Path) -> None:
     assert (root / "home/ubuntu/.ssh/config").is_file()
     for history in ("root/.bash_history", "home/ubuntu/.bash_history", "home/ubuntu/.python_history"):
         assert not (root / history).exists(), history
-    assert sorted(p.name for p in (root / "var/lib/cloud").iterdir()) == ["seed"]
+    # As ParallelCluster's ami_cleanup.sh: cloud-init state and seed, scratch, crash dumps, pinned
+    # network identity, every log file (directories kept, lastlog emptied).
+    assert list((root / "var/lib/cloud").iterdir()) == []
     assert not (root / "var/log/cloud-init.log").exists()
-    assert (root / "var/log/syslog").read_text() == "kept\n"
+    assert not (root / "var/log/syslog").exists()
+    assert not (root / "var/log/journal/0123/system.journal").exists()
+    assert (root / "var/log/journal/0123").is_dir()
+    assert (root / "var/log/lastlog").read_text() == ""
+    for emptied in ("tmp", "var/tmp", "var/crash"):
+        assert list((root / emptied).iterdir()) == [], emptied
+    assert not (root / "etc/udev/rules.d/70-persistent-net.rules").exists()
+    assert (root / "etc/udev/rules.d/60-keep.rules").is_file()
+    assert not (root / "etc/sysconfig/network-scripts/ifcfg-eth0").exists()
+    assert (root / "etc/sysconfig/network-scripts/ifcfg-lo").is_file()
+    assert not (root / "opt/parallelcluster/pin_releasesever").exists()
+    assert not (root / "etc/yum/vars/releasever").exists()
     assert (root / "etc/machine-id").is_file()
     assert (root / "etc/machine-id").read_text() == ""
     assert not (root / "var/lib/dbus/machine-id").exists()
@@ -262,3 +297,43 @@ def test_packer_scripts_pass_shellcheck() -> None:
     assert scripts
     result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
+
+
+def _amazon_ebs_source(text: str) -> str:
+    return text[text.index('source "amazon-ebs" "gpu"') : text.index('source "null" "lab"')]
+
+
+def test_modern_staging_makes_builder_and_image_imdsv2_only(tmp_path: Path) -> None:
+    """What modern Packer runs (gpuforge bake, or a user running the staged directory) sets
+    metadata_options and imds_support in the amazon-ebs source; Packer 1.6's staging has neither."""
+    modern = stage_templates(PACKER_DIR, tmp_path / "modern", modern=True)
+    source = _amazon_ebs_source((modern / "gpuforge.pkr.hcl").read_text())
+    options = re.search(r"\n  metadata_options \{\n(.*?)\n  \}\n", source, re.S)
+    assert options is not None, source
+    settings = dict(re.findall(r'^\s*(\w+)\s*=\s*"([^"]*)"$', options.group(1), re.M))
+    assert settings == {"http_endpoint": "enabled", "http_tokens": "required"}
+    assert re.search(r'^  imds_support = "v2.0"$', source, re.M)
+    assert "gpuforge:modern-packer-settings" not in source
+    assert (modern / "plugins.pkr.hcl").read_text() == (PACKER_DIR / MODERN_PLUGINS_FILE).read_text()
+    legacy = stage_templates(PACKER_DIR, tmp_path / "legacy", modern=False)
+    legacy_source = _amazon_ebs_source((legacy / "gpuforge.pkr.hcl").read_text())
+    assert not re.search(r"^\s*(metadata_options|imds_support)\b", legacy_source, re.M)
+    assert "plugins.pkr.hcl" not in {p.name for p in legacy.iterdir()}
+
+
+@needs_packer
+def test_modern_staging_is_packer_fmt_clean(tmp_path: Path) -> None:
+    modern = stage_templates(PACKER_DIR, tmp_path / "modern", modern=True)
+    result = subprocess.run(["packer", "fmt", "-check", "-diff", str(modern)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_packer
+@pytest.mark.skipif(
+    not (REPO / "playbooks" / "bake.yml").is_file(), reason="playbooks/bake.yml is not in the checkout yet"
+)
+def test_packer_validate_accepts_copy_regions_and_rejects_repeats(staged: Path, tmp_path: Path) -> None:
+    ok = _validate(staged, tmp_path, ami_regions=["eu-west-1", "us-west-2"])
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = _validate(staged, tmp_path, ami_regions=["eu-west-1", "eu-west-1"])
+    assert bad.returncode != 0 and "ami_regions must be distinct" in bad.stdout + bad.stderr

@@ -1,41 +1,65 @@
-"""The bake on base-image twins: lab hosts booted from recorded descriptions of the real AMIs.
+"""Base-image twins in the lab: one host per twin, each booted from its recorded AMI description.
 
 Each twin (tests/twins/*.yml, built by tests/twinlab.py, TEST DOUBLES) is built once per record
-digest and booted as a 1-host lab, one twin at a time (a module fixture per twin). Every assertion
-about a twin reads the same lab host; the bake itself is the real `gpuforge bake --local`.
+digest. One lab holds one host per twin (`labtools.reimage` swaps each host onto its twin's
+image), and every assertion about a twin reads that host: the recorded driver, EFA, packages and
+ParallelCluster marker, and the distribution Ansible sees (the roles choose their per-OS constants
+from it).
 
 Needs root, systemd-nspawn (the lab), gcc and dpkg-deb; CI installs them.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 import labtools
 import twinlab
-from labtools import BIN, LAB_MARKS, REPO, lab, on
+from labtools import BIN, LAB_MARKS, REPO, lab, on, reimage
 
 TWIN_LAB = labtools.lab_name("twin")
+NAMES = twinlab.names()
 
-pytestmark = [*LAB_MARKS, pytest.mark.slow]
+pytestmark = [
+    *LAB_MARKS,
+    pytest.mark.slow,
+]
 
 
-@pytest.fixture(scope="module", params=twinlab.names())
-def twin(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """A 1-host lab booted from the twin's image (built first if this record never was)."""
-    name: str = request.param
+def each(function: Callable[[str], Any]) -> dict[str, Any]:
+    """`function(name)` for every twin at once; the results by twin name."""
+    with ThreadPoolExecutor(max_workers=len(NAMES)) as pool:
+        return dict(zip(NAMES, pool.map(function, NAMES), strict=True))
+
+
+@pytest.fixture(scope="module")
+def twins() -> Iterator[dict[str, dict[str, Any]]]:
+    """One lab, one host per twin, each booted from its twin's image (built first if need be)."""
     started = time.monotonic()
-    image = twinlab.build(name)
-    print(f"twin {name}: image {image} ready in {time.monotonic() - started:.1f}s")
-    with lab(TWIN_LAB, 1, image=image) as info:
-        yield {"name": name, "record": twinlab.load(name), "info": info, "host": info["hosts"][0]}
+    images = {name: twinlab.build(name) for name in NAMES}
+    print(f"twin images ready in {time.monotonic() - started:.1f}s: {sorted(images.values())}")
+    with lab(TWIN_LAB, len(NAMES)) as info:
+        hosts = dict(zip(NAMES, info["hosts"], strict=True))
+        each(lambda name: reimage(TWIN_LAB, hosts[name]["name"], images[name]))
+        print(f"twin lab up in {time.monotonic() - started:.1f}s")
+        yield {
+            name: {
+                "name": name,
+                "record": twinlab.load(name),
+                "image": image,
+                "host": hosts[name],
+                "info": info,
+            }
+            for name, image in images.items()
+        }
 
 
 def sh(twin: dict[str, Any], command: str, *, check: bool = True) -> str:
@@ -64,7 +88,9 @@ def facts(twin: dict[str, Any]) -> dict[str, str]:
     return dict(line.split("=", 1) for line in sh(twin, script).splitlines())
 
 
-def test_twin_boots_as_the_recorded_image(twin: dict[str, Any]) -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_twin_boots_as_the_recorded_image(twins: dict[str, dict[str, Any]], name: str) -> None:
+    twin = twins[name]
     record: twinlab.Twin = twin["record"]
     found = facts(twin)
     assert found["os"] == f"ubuntu {record.record['os_release']['VERSION_ID']}"
@@ -80,15 +106,15 @@ def test_twin_boots_as_the_recorded_image(twin: dict[str, Any]) -> None:
     assert found["marker"] == (pcluster["marker"] if pcluster else "")
 
 
-def test_ansible_sees_the_recorded_distribution(twin: dict[str, Any]) -> None:
-    """The roles pick their per-OS constants from these facts: the twin must read as its Ubuntu."""
-    env = twin["info"]["env"]
+def test_ansible_sees_the_recorded_distributions(twins: dict[str, dict[str, Any]]) -> None:
+    """The roles pick their per-OS constants from these facts: each twin must read as its Ubuntu."""
+    env = next(iter(twins.values()))["info"]["env"]
     result = subprocess.run(
         [
             str(BIN / "ansible"),
             "all",
             "-i",
-            f"{twin['host']['ip']},",
+            ",".join(twin["host"]["ip"] for twin in twins.values()) + ",",
             "-m",
             "ansible.builtin.setup",
             "-a",
@@ -98,10 +124,12 @@ def test_ansible_sees_the_recorded_distribution(twin: dict[str, Any]) -> None:
         text=True,
         check=False,
         cwd=REPO,
-        env={**os.environ, **env},
+        env={**os.environ, **env, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1"},
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    version = twin["record"].record["os_release"]["VERSION_ID"]
-    assert re.search(r"\bansible_distribution\"?: \"?Ubuntu\b", result.stdout), result.stdout
-    assert re.search(rf"\bansible_distribution_version\"?: [\"']?{re.escape(version)}\b", result.stdout)
+    hosts = json.loads(result.stdout)["plays"][0]["tasks"][0]["hosts"]
+    for twin in twins.values():
+        facts = hosts[twin["host"]["ip"]]["ansible_facts"]
+        expected = twin["record"].record["os_release"]["VERSION_ID"]
+        assert (facts["ansible_distribution"], facts["ansible_distribution_version"]) == ("Ubuntu", expected)

@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -353,3 +354,12 @@ def _build_locked(twin: Twin, root: Path) -> str:
     (partial / lab_images.METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
     partial.rename(final)
     return twin.image
+
+
+def at_least(version: str, floor: str) -> bool:
+    """Release `version` is `floor` or newer, number by number (an epoch "1:" is ignored)."""
+
+    def numbers(text: str) -> list[int]:
+        return [int(part) for part in re.findall(r"[0-9]+", re.sub(r"^[0-9]+:", "", text))]
+
+    return numbers(version) >= numbers(floor)

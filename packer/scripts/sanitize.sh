@@ -3,6 +3,12 @@
 # authorized_keys, shell histories, cloud-init state and the machine id. Each instance launched
 # from the image then generates its own (cloud-init runs as on a first boot, systemd writes a new
 # machine-id). SANITIZE_ROOT lets the tests run this against a scratch tree instead of "/".
+#
+# It also clears everything ParallelCluster's own AMI cleanup clears (aws-parallelcluster-cookbook,
+# cookbooks/aws-parallelcluster-platform/files/ami_cleanup.sh, `pcluster build-image`'s last step):
+# `cloud-init clean -s` (state and seed), /tmp and /var/tmp, SSH host keys, udev's persistent-net
+# rules, cloud-init's ifcfg files, /var/crash, every file under /var/log (then an empty lastlog), and
+# ParallelCluster's release pin. Its resolv.conf reset applies only to AWS's official AMI builds.
 set -euo pipefail
 
 root="${SANITIZE_ROOT:-/}"
@@ -34,14 +40,36 @@ for home in "$root"/root "$root"/home/*; do
     "$home"/.lesshst "$home"/.viminfo "$home"/.wget-hsts
 done
 
-# cloud-init state and logs, so the next boot is a first boot (keys, hostname, user data).
-# This is what `cloud-init clean --logs` does, kept explicit so it also works under SANITIZE_ROOT.
-if [ -d "$root"/var/lib/cloud ]; then
-  for entry in "$root"/var/lib/cloud/*; do
-    [ "$(basename "$entry")" = seed ] || remove "$entry"
-  done
-fi
+# cloud-init state, seed and logs, so the next boot is a first boot (keys, hostname, user data).
+# This is what `cloud-init clean --logs --seed` does, kept explicit so it also works under SANITIZE_ROOT.
+remove "$root"/var/lib/cloud/*
 remove "$root"/var/log/cloud-init.log "$root"/var/log/cloud-init-output.log
+
+# Scratch space and crash dumps of the build (Packer's uploaded scripts included: this one is
+# already read by bash, and Packer removes its copy with rm -f).
+remove "$root"/tmp/* "$root"/var/tmp/* "$root"/var/crash/*
+
+# Network identity cloud-init or udev pinned to the builder's interfaces.
+remove "$root"/etc/udev/rules.d/70-persistent-net.rules
+for ifcfg in "$root"/etc/sysconfig/network-scripts/ifcfg-*; do
+  if grep -q "Created by cloud-init on instance boot automatically" "$ifcfg"; then
+    remove "$ifcfg"
+  fi
+done
+
+# ParallelCluster's release pin (RHEL family), as ami_cleanup.sh removes it.
+if [ -e "$root"/opt/parallelcluster/pin_releasesever ]; then
+  remove "$root"/opt/parallelcluster/pin_releasesever "$root"/etc/yum/vars/releasever
+fi
+
+# Every log file of the build (the directories stay, for the services that write there), then an
+# empty lastlog as ami_cleanup.sh leaves it.
+while IFS= read -r -d '' log; do
+  remove "$log"
+done < <(find "$root"/var/log -type f ! -path "$root/var/log/lastlog" -print0 2>/dev/null)
+if [ -d "$root"/var/log ]; then
+  : >"$root"/var/log/lastlog
+fi
 
 # An empty machine-id (not a missing one) makes systemd generate a fresh id on first boot;
 # the D-Bus copy is removed so it cannot pin the old id.

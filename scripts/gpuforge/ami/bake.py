@@ -97,12 +97,18 @@ class BakeOptions:
     # The instance types the image is for (None: the flavor's default, targets.DEFAULT_TARGETS).
     # Hardware-dependent installs follow them, never the builder's instance_type.
     target_instance_types: tuple[str, ...] | None = None
+    # Regions Packer copies the image to (ami_regions); the copies carry the same tags.
+    ami_regions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.flavor not in images.FLAVORS:
             raise UserError(f"unknown flavor {self.flavor!r}; choose one of {', '.join(images.FLAVORS)}")
         if self.base_os not in images.BASE_OSES:
             raise UserError(f"unknown base OS {self.base_os!r}; choose one of {', '.join(images.BASE_OSES)}")
+        if len(set(self.ami_regions)) != len(self.ami_regions) or self.the_region in self.ami_regions:
+            raise UserError(
+                f"--copy-region must name distinct regions other than the build region {self.the_region}"
+            )
         if self.extra_vars_file is not None and not self.extra_vars_file.is_file():
             raise UserError(f"extra vars file {self.extra_vars_file} does not exist")
 
@@ -166,6 +172,9 @@ def _tags(
     pcluster_version = options.the_pcluster_version if options.flavor == "pcluster" else ""
     tags = flavor_tags(manifest, options.flavor, pcluster_version, options.base_os)
     tags.update(image_targets.tags())
+    if options.ami_regions:
+        # Where the copies are, so that prune retires them with the original (images.COPY_REGIONS_TAG).
+        tags[images.COPY_REGIONS_TAG] = ",".join(options.ami_regions)
     return tags
 
 
@@ -292,6 +301,7 @@ def bake_aws(options: BakeOptions) -> images.Image:
         "iam_instance_profile": options.iam_instance_profile,
         "kms_key_id": options.kms_key_id,
         "root_volume_size_gib": options.root_volume_size_gib,
+        "ami_regions": list(options.ami_regions),
     }
     builder_imds = BuilderImds(AWS_SOURCE, region)
     try:
@@ -302,8 +312,16 @@ def bake_aws(options: BakeOptions) -> images.Image:
         image = images.describe(ami_id, region)
         check_image(image, tags, base)
         images.require_imdsv2(ami_id, region)
+        # Each copy must be what the original is: same tags (Packer copies them), IMDSv2-only (the
+        # copy was made before Packer 1.6's image got ImdsSupport, so it is set on each copy too).
+        for copy_region in options.ami_regions:
+            copy_id = packer_manifest.image_in(artifacts, copy_region)
+            images.wait_available(copy_id, copy_region)
+            check_image(images.describe(copy_id, copy_region), tags, base)
+            images.require_imdsv2(copy_id, copy_region)
     except BaseException:
-        _discard(run, region)
+        for where in (region, *options.ami_regions):
+            _discard(run, where)
         raise
     LOG.info("baked %s (%s) from %s", image.id, image.name, base.id)
     return image

@@ -93,6 +93,14 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--root-volume-size", type=positive_int, default=100, metavar="GIB")
     parser.add_argument(
+        "--copy-region",
+        type=nonempty,
+        action="append",
+        default=[],
+        metavar="REGION",
+        help="also copy the image to REGION (Packer's ami_regions), tagged like the original; repeatable",
+    )
+    parser.add_argument(
         "--extra-vars", type=Path, metavar="FILE", help="YAML/JSON vars for ansible-playbook -e @FILE"
     )
     parser.add_argument(
@@ -202,6 +210,7 @@ def _options(args: argparse.Namespace) -> bake.BakeOptions:
         extra_vars_file=args.extra_vars,
         work_dir=args.work_dir,
         target_instance_types=args.target_instance_types,
+        ami_regions=tuple(args.copy_region),
     )
 
 
@@ -305,6 +314,9 @@ def _prune(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "delete"
     for image in result.delete:
         print(f"{verb:8} {image.id}  {image.name}  snapshots: {', '.join(image.snapshot_ids) or 'none'}")
+    for copy_region, copy in result.delete_copies:
+        snapshots = ", ".join(copy.snapshot_ids) or "none"
+        print(f"{verb:8} {copy.id}  {copy.name}  (copy in {copy_region})  snapshots: {snapshots}")
     if not args.dry_run:
         prune.execute(result, region)
     return 0

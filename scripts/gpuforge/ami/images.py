@@ -23,6 +23,8 @@ SOURCE_AMI_TAG = "gpuforge:source-ami-id"
 SOURCE_AMI_NAME_TAG = "gpuforge:source-ami-name"
 GIT_REVISION_TAG = "gpuforge:git-revision"
 BUILD_TIME_TAG = "gpuforge:build-time"
+# Comma-separated regions a bake copied the image to (Packer's ami_regions); every copy carries it too.
+COPY_REGIONS_TAG = "gpuforge:copy-regions"
 
 # The supported bases: the Deep Learning Base OSS Nvidia Driver GPU AMI on Ubuntu 22.04 (default)
 # and 24.04. AWS keeps a public SSM parameter pointed at the newest of each (DLAMI release notes).

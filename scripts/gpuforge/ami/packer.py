@@ -31,6 +31,11 @@ from gpuforge.errors import ExternalError, UserError
 LOG = logging.getLogger(__name__)
 
 MODERN_PLUGINS_FILE = "plugins.pkr.hcl.modern"
+# Settings of the amazon-ebs source that only modern Packer takes, and the line of gpuforge.pkr.hcl they
+# replace when staged for it.
+MODERN_SOURCE_FILE = "amazon-ebs.pkr.hcl.modern"
+MAIN_TEMPLATE = "gpuforge.pkr.hcl"
+MODERN_MARKER = "  # gpuforge:modern-packer-settings\n"
 # required_plugins (and `packer init` for HCL2) arrived in Packer 1.7.
 MODERN_MIN = (1, 7, 0)
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
@@ -141,15 +146,10 @@ class Packer:
         return self.version >= MODERN_MIN
 
     def stage(self, source: Path, work: Path) -> Path:
-        """Copy the templates into work/templates; with modern Packer add the plugin requirements."""
-        staged = work / "templates"
-        if staged.exists():
-            shutil.rmtree(staged)
-        staged.mkdir(parents=True)
-        for template in sorted(source.glob("*.pkr.hcl")):
-            shutil.copy2(template, staged / template.name)
+        """Copy the templates into work/templates; with modern Packer add the plugin requirements and the
+        amazon-ebs settings Packer 1.6 rejects (IMDSv2-only builder and image)."""
+        staged = stage_templates(source, work / "templates", modern=self.modern)
         if self.modern:
-            shutil.copy2(source / MODERN_PLUGINS_FILE, staged / "plugins.pkr.hcl")
             self._run(["init", str(staged)], check=True)
         return staged
 
@@ -219,6 +219,24 @@ class Packer:
         if check and result.returncode != 0:
             raise ExternalError(f"packer {args[0]} failed:\n{(result.stdout + result.stderr).strip()}")
         return result
+
+
+def stage_templates(source: Path, staged: Path, modern: bool) -> Path:
+    """The template directory a Packer generation can run: for Packer >= 1.7 with plugins.pkr.hcl and the
+    modern-only source settings in place of MODERN_MARKER; for Packer 1.6 the templates as they are."""
+    if staged.exists():
+        shutil.rmtree(staged)
+    staged.mkdir(parents=True)
+    for template in sorted(source.glob("*.pkr.hcl")):
+        shutil.copy2(template, staged / template.name)
+    if modern:
+        shutil.copy2(source / MODERN_PLUGINS_FILE, staged / "plugins.pkr.hcl")
+        main = staged / MAIN_TEMPLATE
+        text = main.read_text()
+        if text.count(MODERN_MARKER) != 1:
+            raise ExternalError(f"{source / MAIN_TEMPLATE} must hold the line {MODERN_MARKER.strip()!r} once")
+        main.write_text(text.replace(MODERN_MARKER, (source / MODERN_SOURCE_FILE).read_text()))
+    return staged
 
 
 def _interrupt(proc: subprocess.Popen[str], log: TextIO, signal_packer: bool = True) -> None:
