@@ -56,15 +56,16 @@ $(STAMPS)/venv: pyproject.toml requirements/constraints.txt
 demo: setup
 	gpuforge lab down --name $(DEMO_LAB)
 	gpuforge lab up --name $(DEMO_LAB) --nodes $(DEMO_NODES) --moto-port $(DEMO_MOTO_PORT)
-	# The lab cannot reach NVIDIA's repositories: molecule/nvidia/prepare.yml builds signed
-	# TEST-FIXTURE stand-ins on the hosts and its vars point the NVIDIA roles at them (the EFA
-	# and PyTorch stand-ins come from the lab's artifact server via group_vars/gpuforge_lab.yml).
-	eval "$$(gpuforge lab env --name $(DEMO_LAB))" && \
+	# The lab cannot reach NVIDIA's repositories: tests/fixtures/nvidia/prepare.yml builds signed
+	# TEST-FIXTURE stand-ins on the hosts, and the lab group's group_vars (inventory/group_vars/
+	# gpuforge_lab/) point the NVIDIA roles at them and the EFA and PyTorch roles at the lab's
+	# artifact server. So site.yml runs on the lab as it runs on a fleet, with no extra variables.
+	lab_env=$$(gpuforge lab env --name $(DEMO_LAB)) && eval "$$lab_env" && \
 	  ansible-inventory --graph --flush-cache && \
 	  ansible all -m ansible.builtin.ping && \
-	  ansible-playbook molecule/nvidia/prepare.yml && \
-	  ansible-playbook site.yml -e @molecule/nvidia/vars/fixtures.yml
-	@echo "The lab stays up: explore with 'eval \"\$$(gpuforge lab env --name $(DEMO_LAB))\"'; remove it with 'make lab-down'."
+	  ansible-playbook tests/fixtures/nvidia/prepare.yml && \
+	  ansible-playbook site.yml
+	@echo "The lab stays up: explore it with the commands in README.md (After make demo); remove it with 'make lab-down'."
 
 # Lint, the pytest groups and the Molecule scenarios run side by side (most of their time is
 # spent waiting on lab hosts), then a table of phase timings; see scripts/ci/testrun.py.

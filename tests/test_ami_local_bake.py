@@ -53,7 +53,7 @@ def baked(builder: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> 
     """Prepare the fixtures, remember the builder's identity, bake it and keep it as IMAGE."""
     tmp = tmp_path_factory.mktemp("bake")
     host = builder["hosts"][0]["name"]
-    prepare = playbook(builder["env"], "molecule/nvidia/prepare.yml", timeout=900)
+    prepare = playbook(builder["env"], "tests/fixtures/nvidia/prepare.yml", timeout=900)
     assert prepare.returncode == 0, prepare.stdout[-3000:]
     identity = on(BUILDER_LAB, host, "cat /etc/machine-id /etc/ssh/ssh_host_ed25519_key.pub").split()
     lab_vars = labrun.write_bake_vars(tmp)

@@ -5,6 +5,7 @@ EC2 is moto_server (a test double); the nodes are real lab hosts.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,12 +13,18 @@ import boto3
 import pytest
 import yaml
 
+import labtools
 from gpuforge import versions
 
 if TYPE_CHECKING:
     from conftest import PlaybookRunner
 
 pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[1]
+# The managed files of the one role the baked fixture ran (not the whole site.yml, which these hosts
+# never got): the file check runs that playbook in check mode.
+ONLY_COMMON = ["-e", json.dumps({"gpuforge_drift_playbooks": [str(REPO / "molecule/default/converge.yml")]})]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,7 @@ def test_fresh_nodes_match_versions_yml_and_their_image(
     baked: dict[str, str], run_playbook: PlaybookRunner
 ) -> None:
     _tag_lab_image(baked, versions.load().image_tags())
-    result = run_playbook(baked, "playbooks/drift.yml")
+    result = run_playbook(baked, "playbooks/drift.yml", *ONLY_COMMON)
     assert result.returncode == 0, result.stdout[-3000:]
     assert result.stdout.count("up to date with versions.yml") == 2
     assert result.stdout.count("matches the node") == 2
@@ -58,12 +65,15 @@ def test_a_changed_pin_is_reported_as_drift(
     bumped["nccl"]["version"] = bumped["nccl"]["version"] + ".1"
     newer = tmp_path / "versions.yml"
     newer.write_text(yaml.safe_dump({"gpuforge_versions": bumped}))
-    result = run_playbook(baked, "playbooks/drift.yml", "-e", f"gpuforge_common_versions_file={newer}")
+    result = run_playbook(
+        baked, "playbooks/drift.yml", *ONLY_COMMON, "-e", f"gpuforge_common_versions_file={newer}"
+    )
     assert result.returncode == 2, result.stdout[-3000:]
     assert "drifted from versions.yml" in result.stdout
     report_only = run_playbook(
         baked,
         "playbooks/drift.yml",
+        *ONLY_COMMON,
         "-e",
         f"gpuforge_common_versions_file={newer}",
         "-e",
@@ -71,3 +81,32 @@ def test_a_changed_pin_is_reported_as_drift(
     )
     assert report_only.returncode == 0
     assert report_only.stdout.count("DRIFT: node pins") == 2
+
+
+def test_an_edited_managed_file_is_reported_for_its_host_only(
+    baked: dict[str, str], run_playbook: PlaybookRunner
+) -> None:
+    """A hand-edited file the roles manage is drift (check mode with diff), even with matching pins."""
+    _tag_lab_image(baked, versions.load().image_tags())
+    manifest = "/etc/gpuforge/manifest.json"
+    labtools.on(baked["GPUFORGE_LAB"], "gpu-st-p5-48xlarge-1", f"echo >> {manifest}")
+    try:
+        result = run_playbook(baked, "playbooks/drift.yml", *ONLY_COMMON)
+        assert result.returncode == 2, result.stdout[-3000:]
+        assert (
+            result.stdout.count(
+                f"DRIFT: 1 managed file(s) differ from what the roles would write: {manifest}"
+            )
+            == 1
+        )
+        assert result.stdout.count("managed files as the roles would write them") == 1
+        assert "has managed files that differ from what the roles would write" in result.stdout
+        report_only = run_playbook(
+            baked, "playbooks/drift.yml", *ONLY_COMMON, "-e", "gpuforge_drift_fail=false"
+        )
+        assert report_only.returncode == 0, report_only.stdout[-3000:]
+        # The versions check still sees matching pins: only the file differs.
+        assert report_only.stdout.count("up to date with versions.yml") == 2
+    finally:
+        repaired = run_playbook(baked, "molecule/default/converge.yml")
+        assert repaired.returncode == 0, repaired.stdout[-3000:]

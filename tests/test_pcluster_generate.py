@@ -116,13 +116,13 @@ def test_optional_parts() -> None:
     spec = base_spec()
     del spec["storage"]
     queue = spec["queues"][0]
-    queue.update(capacity_type="CAPACITY_BLOCK", ami="ami-0fedcba9876543210")
+    queue.update(capacity_type="SPOT", ami="ami-0fedcba9876543210")
     queue["on_node_configured"] = {"script": "https://example.com/pull.sh"}
     config = generate(spec)
     assert "SharedStorage" not in config
     assert "SlurmSettings" not in config["Scheduling"]
     generated = _queue(config, "gpu")
-    assert generated["CapacityType"] == "CAPACITY_BLOCK"
+    assert generated["CapacityType"] == "SPOT"
     assert generated["CustomActions"] == {"OnNodeConfigured": {"Script": "https://example.com/pull.sh"}}
     assert custom_amis(config) == {"ami-0123456789abcdef0", "ami-0fedcba9876543210"}
 

@@ -3,7 +3,8 @@ checksum each stop the run early with a clear message and leave the host as it w
 
 Each test runs a playbook from molecule/nvidia/negative/ with ansible-playbook against the
 scenario's inventory, then inspects the host. The repositories and artifact are the TEST FIXTURES
-prepare.yml built (files/build-fixture-repos.sh); the impostor repository is signed by a second
+tests/fixtures/nvidia/prepare.yml built (with files/build-fixture-repos.sh there); the impostor
+repository is signed by a second
 test-only key.
 """
 

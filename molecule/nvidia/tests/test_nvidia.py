@@ -1,7 +1,8 @@
 """Verifier for the NVIDIA roles on lab hosts (no GPU): real packages, files, units and reports.
 
 The lab cannot reach NVIDIA, so DCGM and the container toolkit come from TEST FIXTURE apt
-repositories built by prepare.yml (files/build-fixture-repos.sh): those tests prove the roles'
+repositories built by tests/fixtures/nvidia/prepare.yml (with files/build-fixture-repos.sh there):
+those tests prove the roles'
 repository trust, pinning and holds, not NVIDIA's binaries. The driver userspace is Debian's real
 non-free packaging of the pinned release.
 """

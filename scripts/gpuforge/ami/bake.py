@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -46,7 +47,7 @@ def installed_pcluster_version() -> str:
 
 def git_revision(root: Path | None = None) -> str:
     """Short revision of the checkout, with -dirty when it has uncommitted changes."""
-    root = root or paths.repo_root()
+    root = root or paths.share_root()
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -139,7 +140,7 @@ class Run:
     @classmethod
     def new(cls, work_dir: Path | None) -> Run:
         build_id = uuid.uuid4().hex[:12]
-        base = work_dir or paths.repo_root() / "build" / "ami"
+        base = work_dir or paths.build_dir() / "ami"
         directory = base / build_id
         directory.mkdir(parents=True, exist_ok=True)
         return cls(build_id, directory)
@@ -184,7 +185,7 @@ def _common_variables(
     return {
         "target_instance_types": list(image_targets.names),
         "base_os": options.base_os,
-        "repo_root": str(paths.repo_root()),
+        "repo_root": str(paths.share_root()),
         "flavor": options.flavor,
         "git_revision": git_revision(),
         "build_id": run.build_id,
@@ -236,6 +237,11 @@ def _run_packer(
     watch: Callable[[MachineLine], None] | None = None,
 ) -> list[packer_manifest.Artifact]:
     """Run the build; watch (if given) sees every machine-readable line, and may raise to stop Packer."""
+    # Packer's ansible provisioner runs the playbooks; Ansible is an extra of the wheel.
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+    if shutil.which("ansible-playbook", path=path) is None:
+        raise UserError("a bake runs Ansible, which is not installed: pip install 'gpuforge[ansible]'")
     packer = Packer.find()
     staged = packer.stage(template_dir(), run.directory)
     var_file = write_var_file(run.directory / "variables.json", variables)
@@ -246,8 +252,7 @@ def _run_packer(
         if watch is not None:
             watch(line)
 
-    # Packer looks up ansible-playbook on PATH; the one next to this Python is the pinned one.
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    # Packer looks up ansible-playbook on PATH (above); the one next to this Python is the pinned one.
     LOG.info("packer %s build %s (log %s)", ".".join(map(str, packer.version)), run.build_id, run.log)
     status = packer.build(staged, var_file, run.log, only=[only], on_line=on_line, env={"PATH": path})
     if status != 0:

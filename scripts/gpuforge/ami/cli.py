@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -243,6 +244,8 @@ def _bake(args: argparse.Namespace) -> int:
             raise UserError(
                 "--local bakes a lab host and registers no image: drop --parameter/--cluster-config"
             )
+        if importlib.util.find_spec("gpuforge.lab") is None:
+            raise UserError("--local bakes a host of the local lab, which only a gpuforge checkout has")
         from gpuforge.lab import core as lab_core
         from gpuforge.lab import images as lab_images
 

@@ -52,7 +52,7 @@ _INSTANCE_ID_RE = re.compile(r"^\s+(?P<build>[\w.-]+): Instance ID: (?P<id>i-[0-
 
 
 def template_dir() -> Path:
-    return paths.repo_root() / "packer"
+    return paths.packer_dir()
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,11 @@ IMPOSTOR_UID = "gpuforge TEST FIXTURE impostor key (must be refused) <impostor@g
 
 
 def fixture_source() -> Path:
-    return paths.repo_root() / "tests" / "fixtures" / "artifacts" / "efa" / "aws-efa-installer"
+    return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "efa" / "aws-efa-installer"
 
 
 def plugin_source() -> Path:
-    return paths.repo_root() / "tests" / "fixtures" / "artifacts" / "efa" / "ofi-nccl-standin.c"
+    return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "efa" / "ofi-nccl-standin.c"
 
 
 @dataclass

@@ -104,8 +104,9 @@ def up(name: str, nodes: int, attempts: int = 2, image: str | None = None) -> La
 # The lab cannot reach NVIDIA's repositories: this playbook builds signed TEST-FIXTURE stand-ins on
 # the hosts, and FIXTURE_VARS points the NVIDIA roles at them (`make demo` does the same). The EFA
 # and PyTorch stand-ins come from the lab's artifact server through inventory/group_vars.
-FIXTURE_PLAYBOOK = "molecule/nvidia/prepare.yml"
-FIXTURE_VARS = "molecule/nvidia/vars/fixtures.yml"
+FIXTURE_PLAYBOOK = "tests/fixtures/nvidia/prepare.yml"
+# Also the lab group's group_vars: passing it with -e is redundant on a lab, kept for old callers.
+FIXTURE_VARS = "inventory/group_vars/gpuforge_lab/nvidia_fixtures.yml"
 
 
 def prepare_fixtures(env: dict[str, str]) -> None:
@@ -132,7 +133,7 @@ def write_bake_vars(work_dir: Path) -> Path:
     wheel of PyTorch) are handed over as extra vars instead.
     """
     merged: dict[str, Any] = {}
-    for source in (FIXTURE_VARS, "inventory/group_vars/gpuforge_lab.yml"):
+    for source in (FIXTURE_VARS, "inventory/group_vars/gpuforge_lab/artifacts.yml"):
         merged.update(yaml.safe_load((paths.repo_root() / source).read_text()))
     path = work_dir / "lab-vars.yml"
     path.write_text(yaml.safe_dump(merged))

@@ -21,8 +21,9 @@ from pcluster.config.common import CapacityType
 from pcluster.constants import MAX_COMPUTE_RESOURCES_PER_QUEUE, MAX_NUMBER_OF_QUEUES
 from pcluster.schemas.cluster_schema import FsxLustreSettingsSchema
 from pcluster.schemas.common_schema import ALLOWED_VALUES
-from pcluster.validators.cluster_validators import NameValidator
+from pcluster.validators.cluster_validators import ComputeResourceSizeValidator, NameValidator
 from pcluster.validators.common import FailureLevel, ValidationResult, Validator
+from pcluster.validators.ec2_validators import PlacementGroupCapacityTypeValidator
 from pcluster.validators.fsx_validators import (
     FsxPersistentOptionsValidator,
     FsxStorageCapacityValidator,
@@ -41,6 +42,8 @@ FSX_DEFAULT_MOUNT_DIR = "/fsx"
 
 _SUBNET_RE = re.compile(ALLOWED_VALUES["subnet_id"])
 _INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
+_CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
+_PLACEMENT_GROUP_RE = re.compile(r"^[\w.-]{1,255}$")
 # ParallelCluster downloads custom action scripts from S3 or over HTTPS.
 _SCRIPT_URL_RE = re.compile(r"^(s3|https)://[^\s/]+/\S+$")
 # A KMS key as FSx takes it: a key id, a multi-Region key id, or either as a key ARN.
@@ -113,6 +116,11 @@ class _Node:
             raise self.fail(f"must be at least {minimum}, got {self.value}")
         return self.value
 
+    def bool(self) -> bool:
+        if not isinstance(self.value, bool):
+            raise self.fail(f"must be true or false, got {self.value!r}")
+        return self.value
+
     def checked(self, check: Callable[[Any], Any]) -> Any:
         """Run one of gpuforge's own checks (which raise UserError) and prefix its message with the path."""
         try:
@@ -125,6 +133,10 @@ def _errors(results: list[ValidationResult]) -> list[str]:
     return [r.message for r in results if r.level == FailureLevel.ERROR]
 
 
+def _all_messages(results: list[ValidationResult]) -> list[str]:
+    return [r.message for r in results]
+
+
 def _name(node: _Node) -> str:
     """Queue and compute resource names follow ParallelCluster's NameValidator (lowercase, <= 25 chars)."""
     name = node.str()
@@ -134,14 +146,101 @@ def _name(node: _Node) -> str:
     return name
 
 
-def _custom_action(node: _Node) -> dict[str, Any]:
+def _action(node: _Node) -> dict[str, Any]:
     fields = node.mapping({"script"}, {"args"})
     action: dict[str, Any] = {
         "Script": fields["script"].str(_SCRIPT_URL_RE, "an s3:// or https:// URL of a script")
     }
     if "args" in fields:
         action["Args"] = [arg.str() for arg in fields["args"].items(min_len=0)]
-    return {"OnNodeConfigured": action}
+    return action
+
+
+# Spec key -> ParallelCluster's CustomActions key. OnNodeUpdated runs on the head node only.
+_ACTIONS = {
+    "on_node_start": "OnNodeStart",
+    "on_node_configured": "OnNodeConfigured",
+    "on_node_updated": "OnNodeUpdated",
+}
+
+
+def _custom_actions(fields: dict[str, _Node], allowed: tuple[str, ...]) -> dict[str, Any]:
+    return {_ACTIONS[key]: _action(fields[key]) for key in allowed if key in fields}
+
+
+def _script_buckets(actions: dict[str, Any]) -> list[str]:
+    """Buckets of s3:// custom action scripts: the nodes running them need read access (Iam.S3Access)."""
+    buckets = []
+    for action in actions.values():
+        script = str(action["Script"])
+        if script.startswith("s3://"):
+            buckets.append(script[len("s3://") :].split("/", 1)[0])
+    return sorted(set(buckets))
+
+
+_SG_RE = re.compile(r"^sg-[0-9a-z]{8}$|^sg-[0-9a-z]{17}$")
+
+
+def _security_groups(fields: dict[str, _Node], networking: dict[str, Any]) -> None:
+    """security_groups replace ParallelCluster's own groups, additional_security_groups add to them."""
+    for key, target in (
+        ("security_groups", "SecurityGroups"),
+        ("additional_security_groups", "AdditionalSecurityGroups"),
+    ):
+        if key in fields:
+            networking[target] = [g.str(_SG_RE, "a security group id (sg-...)") for g in fields[key].items()]
+
+
+def _root_volume(fields: dict[str, _Node]) -> dict[str, Any]:
+    volume: dict[str, Any] = dict(ENCRYPTED_ROOT_VOLUME["RootVolume"])
+    if "root_volume_size" in fields:
+        # GiB; ParallelCluster requires at least the AMI's own root volume size (checked at create time).
+        volume["Size"] = fields["root_volume_size"].int(minimum=35)
+    return {"RootVolume": volume}
+
+
+def _iam(s3_buckets: list[str], spec_iam: dict[str, Any]) -> dict[str, Any]:
+    """Read access to the custom actions' buckets (ParallelCluster downloads the scripts with the node's
+    role) plus the spec's own grants; a bucket the spec names keeps the spec's settings."""
+    explicit = copy.deepcopy(spec_iam.get("S3Access", []))
+    named = {a["BucketName"] for a in explicit}
+    access = [{"BucketName": bucket} for bucket in s3_buckets if bucket not in named] + explicit
+    iam: dict[str, Any] = {}
+    if access:
+        iam["S3Access"] = access
+    if spec_iam.get("AdditionalIamPolicies"):
+        iam["AdditionalIamPolicies"] = copy.deepcopy(spec_iam["AdditionalIamPolicies"])
+    return iam
+
+
+def _spec_iam(node: _Node) -> dict[str, Any]:
+    fields = node.mapping(set(), {"s3_access", "additional_policies"})
+    iam: dict[str, Any] = {}
+    if "s3_access" in fields:
+        access = []
+        for entry in fields["s3_access"].items():
+            e = entry.mapping({"bucket"}, {"key", "write"})
+            item: dict[str, Any] = {
+                "BucketName": e["bucket"].str(
+                    re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"), "an S3 bucket name"
+                )
+            }
+            if "key" in e:
+                item["KeyName"] = e["key"].str()
+            if "write" in e:
+                item["EnableWriteAccess"] = e["write"].bool()
+            access.append(item)
+        iam["S3Access"] = access
+    if "additional_policies" in fields:
+        iam["AdditionalIamPolicies"] = [
+            {
+                "Policy": p.str(
+                    re.compile(r"^arn:aws[a-z-]*:iam::(\d{12}|aws):policy/\S+$"), "an IAM policy ARN"
+                )
+            }
+            for p in fields["additional_policies"].items()
+        ]
+    return iam
 
 
 def _subnets(node: _Node) -> list[str]:
@@ -151,62 +250,162 @@ def _subnets(node: _Node) -> list[str]:
     return subnets
 
 
-def _head_node(node: _Node) -> dict[str, Any]:
-    fields = node.mapping({"instance_type", "subnet_id", "ssh_key"}, {"on_node_configured"})
+def _head_node(node: _Node, spec_iam: dict[str, Any]) -> dict[str, Any]:
+    fields = node.mapping(
+        {"instance_type", "subnet_id", "ssh_key"},
+        {
+            "root_volume_size",
+            "security_groups",
+            "additional_security_groups",
+            "disable_simultaneous_multithreading",
+            *_ACTIONS,
+        },
+    )
+    networking: dict[str, Any] = {
+        "SubnetId": fields["subnet_id"].str(_SUBNET_RE, "a subnet id (subnet-<8 or 17 hex digits>)")
+    }
+    _security_groups(fields, networking)
     head: dict[str, Any] = {
         "InstanceType": fields["instance_type"].str(_INSTANCE_TYPE_RE, "an EC2 instance type (family.size)"),
-        "Networking": {
-            "SubnetId": fields["subnet_id"].str(_SUBNET_RE, "a subnet id (subnet-<8 or 17 hex digits>)")
-        },
+        "Networking": networking,
         "Ssh": {"KeyName": fields["ssh_key"].str()},
-        "LocalStorage": copy.deepcopy(ENCRYPTED_ROOT_VOLUME),
+        "LocalStorage": _root_volume(fields),
     }
-    if "on_node_configured" in fields:
-        head["CustomActions"] = _custom_action(fields["on_node_configured"])
+    if "disable_simultaneous_multithreading" in fields:
+        head["DisableSimultaneousMultithreading"] = fields["disable_simultaneous_multithreading"].bool()
+    actions = _custom_actions(fields, tuple(_ACTIONS))
+    if actions:
+        head["CustomActions"] = actions
+    iam = _iam(_script_buckets(actions), spec_iam)
+    if iam:
+        head["Iam"] = iam
     head["Imds"] = dict(HEAD_NODE_IMDS)
     return head
 
 
-def _compute_resource(node: _Node) -> dict[str, Any]:
-    fields = node.mapping({"instance_type", "max_count"}, {"name", "min_count"})
-    fields["instance_type"].str()
-    itype = fields["instance_type"].checked(instance_types.get)
-    name = (
-        _name(fields["name"]) if "name" in fields else _name(_Node(itype.name.replace(".", "-"), node.path))
+def _compute_resource(node: _Node, capacity_type: str | None) -> dict[str, Any]:
+    fields = node.mapping(
+        {"max_count"},
+        {
+            "instance_type",
+            "instance_types",
+            "name",
+            "min_count",
+            "disable_simultaneous_multithreading",
+            "capacity_reservation_id",
+            "spot_price",
+        },
     )
+    if ("instance_type" in fields) == ("instance_types" in fields):
+        raise node.fail("give instance_type (one) or instance_types (several, same vCPUs and GPUs)")
+    if "instance_type" in fields:
+        fields["instance_type"].str()
+        types = [fields["instance_type"].checked(instance_types.get)]
+    else:
+        types = [t.checked(instance_types.get) for t in fields["instance_types"].items()]
+        if len({t.name for t in types}) != len(types):
+            raise fields["instance_types"].fail("lists an instance type more than once")
+    default_name = types[0].name.replace(".", "-")
+    name = _name(fields["name"]) if "name" in fields else _name(_Node(default_name, node.path))
     max_count = fields["max_count"].int(minimum=1)
     min_count = fields["min_count"].int(minimum=0) if "min_count" in fields else 0
     if min_count > max_count:
         raise fields["min_count"].fail(f"{min_count} is greater than max_count {max_count}")
-    resource: dict[str, Any] = {
-        "Name": name,
-        "InstanceType": itype.name,
-        "MinCount": min_count,
-        "MaxCount": max_count,
-    }
-    if itype.efa_interfaces > 0:
+    problems = _errors(
+        ComputeResourceSizeValidator().execute(
+            min_count=min_count, max_count=max_count, capacity_type=CapacityType(capacity_type or "ONDEMAND")
+        )
+    )
+    if problems:
+        raise (fields.get("min_count") or fields["max_count"]).fail(" ".join(problems))
+    resource: dict[str, Any] = {"Name": name}
+    if len(types) == 1 and "instance_type" in fields:
+        resource["InstanceType"] = types[0].name
+    else:
+        # Several types in one compute resource (EC2 Fleet picks among them; ParallelCluster requires the
+        # same vCPU count and GPU count, checked at create time).
+        resource["Instances"] = [{"InstanceType": t.name} for t in types]
+    resource["MinCount"] = min_count
+    resource["MaxCount"] = max_count
+    if "disable_simultaneous_multithreading" in fields:
+        resource["DisableSimultaneousMultithreading"] = fields["disable_simultaneous_multithreading"].bool()
+    if "spot_price" in fields:
+        if capacity_type != "SPOT":
+            raise fields["spot_price"].fail("only a SPOT queue takes a spot_price")
+        price = fields["spot_price"].value
+        if isinstance(price, bool) or not isinstance(price, int | float) or price <= 0:
+            raise fields["spot_price"].fail(f"must be a positive number (USD per hour), got {price!r}")
+        resource["SpotPrice"] = float(price)
+    if "capacity_reservation_id" in fields:
+        resource["CapacityReservationTarget"] = {
+            "CapacityReservationId": fields["capacity_reservation_id"].str(
+                _CAPACITY_RESERVATION_RE, "a capacity reservation id (cr-<17 hex digits>)"
+            )
+        }
+    elif capacity_type == "CAPACITY_BLOCK":
+        raise node.fail(
+            "a CAPACITY_BLOCK queue needs capacity_reservation_id (the Capacity Block's cr-...) on each "
+            "compute resource"
+        )
+    if capacity_type == "CAPACITY_BLOCK" and len(types) > 1:
+        raise fields["instance_types"].fail("a Capacity Block reserves one instance type")
+    # EFA and GPU health checks only where every type has them (a fleet may get any of the types).
+    if all(t.efa_interfaces > 0 for t in types):
         resource["Efa"] = {"Enabled": True}
-    if itype.gpus > 0:
+    if all(t.gpus > 0 for t in types):
         resource["HealthChecks"] = {"Gpu": {"Enabled": True}}
     return resource
 
 
-def _queue(node: _Node, managed_fsx: bool) -> dict[str, Any]:
+def _queue(node: _Node, managed_fsx: bool, spec_iam: dict[str, Any]) -> dict[str, Any]:
     fields = node.mapping(
-        {"name", "subnet_ids", "compute_resources"}, {"capacity_type", "ami", "on_node_configured"}
+        {"name", "subnet_ids", "compute_resources"},
+        {
+            "capacity_type",
+            "capacity_reservation",
+            "placement_group",
+            "allocation_strategy",
+            "requeue",
+            "ami",
+            "job_exclusive_allocation",
+            "root_volume_size",
+            "scratch_dir",
+            "security_groups",
+            "additional_security_groups",
+            "on_node_start",
+            "on_node_configured",
+        },
     )
     name = _name(fields["name"])
     queue: dict[str, Any] = {"Name": name}
+    capacity_type = None
     if "capacity_type" in fields:
         choices = [c.value for c in CapacityType]
-        queue["CapacityType"] = fields["capacity_type"].str(
+        capacity_type = fields["capacity_type"].str(
             re.compile(f"^({'|'.join(choices)})$"), f"one of {', '.join(choices)}"
         )
+        queue["CapacityType"] = capacity_type
+    if "allocation_strategy" in fields:
+        if capacity_type == "CAPACITY_BLOCK":
+            raise fields["allocation_strategy"].fail("a CAPACITY_BLOCK queue takes no allocation strategy")
+        queue["AllocationStrategy"] = fields["allocation_strategy"].str()
+    if "requeue" in fields and capacity_type != "SPOT":
+        raise fields["requeue"].fail("only a SPOT queue takes requeue (jobs on reclaimed Spot nodes)")
     if "ami" in fields:
         queue["Image"] = {"CustomAmi": fields["ami"].checked(check_ami_id)}
-    queue["ComputeSettings"] = {"LocalStorage": copy.deepcopy(ENCRYPTED_ROOT_VOLUME)}
+    if "job_exclusive_allocation" in fields:
+        # Whole nodes per job: a training job never shares GPUs, EFA or NVMe with another.
+        queue["JobExclusiveAllocation"] = fields["job_exclusive_allocation"].bool()
+    local_storage: dict[str, Any] = _root_volume(fields)
+    if "scratch_dir" in fields:
+        # ParallelCluster stripes the instance-store NVMe drives (p4d: 8 x 1 TB, p5: 8 x 3.84 TB) as RAID 0
+        # and mounts them here on each boot: fast scratch that is lost when the node stops.
+        local_storage["EphemeralVolume"] = {
+            "MountDir": fields["scratch_dir"].str(re.compile(r"^/\S+$"), "an absolute path")
+        }
+    queue["ComputeSettings"] = {"LocalStorage": local_storage}
     resources = [
-        _compute_resource(cr)
+        _compute_resource(cr, capacity_type)
         for cr in fields["compute_resources"].items(max_len=MAX_COMPUTE_RESOURCES_PER_QUEUE)
     ]
     names = [r["Name"] for r in resources]
@@ -216,6 +415,26 @@ def _queue(node: _Node, managed_fsx: bool) -> dict[str, Any]:
             f"compute resource name(s) {', '.join(dupes)} repeat; give each a distinct name"
         )
     queue["ComputeResources"] = resources
+    if "capacity_reservation" in fields:
+        target = fields["capacity_reservation"].mapping(set(), {"id", "resource_group_arn"})
+        if len(target) != 1:
+            raise fields["capacity_reservation"].fail("give exactly one of id, resource_group_arn")
+        if "id" in target:
+            queue["CapacityReservationTarget"] = {
+                "CapacityReservationId": target["id"].str(
+                    _CAPACITY_RESERVATION_RE, "a capacity reservation id"
+                )
+            }
+        else:
+            queue["CapacityReservationTarget"] = {
+                "CapacityReservationResourceGroupArn": target["resource_group_arn"].str(
+                    re.compile(r"^arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:\d{12}:group/\S+$"),
+                    "a resource group ARN",
+                )
+            }
+    reserved = "CapacityReservationTarget" in queue or any(
+        "CapacityReservationTarget" in r for r in resources
+    )
     subnets = _subnets(fields["subnet_ids"])
     efa = any("Efa" in r for r in resources)
     # ParallelCluster rejects EFA across availability zones (EfaMultiAzValidator) and managed FSx with
@@ -227,12 +446,37 @@ def _queue(node: _Node, managed_fsx: bool) -> dict[str, Any]:
             "a new FSx file system needs single-subnet queues; use storage.fsx_lustre.file_system_id instead"
         )
     networking: dict[str, Any] = {"SubnetIds": subnets}
-    if efa:
+    _security_groups(fields, networking)
+    if "placement_group" in fields:
+        # An ODCR made in a cluster placement group must be launched into that very group
+        # (ParallelCluster's PlacementGroupCapacityReservationValidator).
+        networking["PlacementGroup"] = {
+            "Enabled": True,
+            "Name": fields["placement_group"].str(_PLACEMENT_GROUP_RE, "a placement group name"),
+        }
+    elif capacity_type == "CAPACITY_BLOCK" or (efa and reserved):
+        # A Capacity Block (and a reservation) already places its instances; a placement group of
+        # ParallelCluster's on top makes launches fail with insufficient capacity.
+        networking["PlacementGroup"] = {"Enabled": False}
+    elif efa:
         # EFA traffic needs the instances close together: a cluster placement group.
         networking["PlacementGroup"] = {"Enabled": True}
+    # ParallelCluster only warns here; gpuforge refuses, since such launches fail with insufficient capacity.
+    problems = _all_messages(
+        PlacementGroupCapacityTypeValidator().execute(
+            capacity_type=CapacityType(capacity_type or "ONDEMAND"),
+            placement_group_enabled=bool(networking.get("PlacementGroup", {}).get("Enabled")),
+        )
+    )
+    if problems:
+        raise (fields.get("placement_group") or node).fail(" ".join(problems))
     queue["Networking"] = networking
-    if "on_node_configured" in fields:
-        queue["CustomActions"] = _custom_action(fields["on_node_configured"])
+    actions = _custom_actions(fields, ("on_node_start", "on_node_configured"))
+    if actions:
+        queue["CustomActions"] = actions
+    iam = _iam(_script_buckets(actions), spec_iam)
+    if iam:
+        queue["Iam"] = iam
     return queue
 
 
@@ -295,6 +539,8 @@ def _fsx_lustre(node: _Node) -> dict[str, Any]:
             "deployment_type",
             "per_unit_storage_throughput",
             "kms_key_id",
+            "deletion_policy",
+            "data_repository_associations",
         },
     )
     name = fields["name"].str() if "name" in fields else FSX_DEFAULT_NAME
@@ -344,12 +590,110 @@ def _fsx_lustre(node: _Node) -> dict[str, Any]:
             settings["PerUnitStorageThroughput"] = throughput
         if kms_key_id is not None:
             settings["KmsKeyId"] = kms_key_id
+    if "deletion_policy" in fields:
+        if "FileSystemId" in settings:
+            raise fields["deletion_policy"].fail("an existing file system is never deleted with the cluster")
+        # Retain keeps the data when the cluster is deleted; ParallelCluster's default deletes it.
+        settings["DeletionPolicy"] = fields["deletion_policy"].str(_DELETION_POLICY_RE, "Delete or Retain")
+    if "data_repository_associations" in fields:
+        if settings.get("DeploymentType") != "PERSISTENT_2":
+            raise fields["data_repository_associations"].fail(
+                "data repository associations need a new PERSISTENT_2 file system"
+            )
+        settings["DataRepositoryAssociations"] = [
+            _data_repository_association(dra)
+            for dra in fields["data_repository_associations"].items(max_len=8)
+        ]
     return {"Name": name, "StorageType": "FsxLustre", "MountDir": mount_dir, "FsxLustreSettings": settings}
 
 
-def _slurm_settings(node: _Node) -> dict[str, Any]:
-    fields = node.mapping(set(), {"custom_settings"})
+_DELETION_POLICY_RE = re.compile(r"^(Delete|Retain)$")
+_EVENTS_RE = re.compile(r"^(NEW|CHANGED|DELETED)$")
+
+
+def _data_repository_association(node: _Node) -> dict[str, Any]:
+    """An S3 prefix linked to a directory of the file system: lazy-loaded on first read, optionally
+    kept in sync both ways (datasets in, checkpoints out)."""
+    fields = node.mapping(
+        {"name", "s3_path", "file_system_path"}, {"import_metadata", "auto_import", "auto_export"}
+    )
+    dra: dict[str, Any] = {
+        "Name": fields["name"].str(),
+        "DataRepositoryPath": fields["s3_path"].str(
+            re.compile(r"^s3://[a-z0-9][a-z0-9.-]+[a-z0-9](/\S*)?$"), "an s3:// path"
+        ),
+        "FileSystemPath": fields["file_system_path"].str(re.compile(r"^/\S*$"), "an absolute path"),
+    }
+    if "import_metadata" in fields:
+        dra["BatchImportMetaDataOnCreate"] = fields["import_metadata"].bool()
+    for key, target in (("auto_import", "AutoImportPolicy"), ("auto_export", "AutoExportPolicy")):
+        if key in fields:
+            dra[target] = [e.str(_EVENTS_RE, "NEW, CHANGED or DELETED") for e in fields[key].items()]
+    return dra
+
+
+def _home(node: _Node) -> dict[str, Any]:
+    """Shared /home on EFS (elastic, multi-AZ) or one EBS volume exported by the head node."""
+    fields = node.mapping({"type"}, {"size", "deletion_policy", "file_system_id", "volume_id"})
+    kind = fields["type"].str(re.compile(r"^(efs|ebs)$"), "efs or ebs")
+    storage: dict[str, Any] = {"MountDir": "/home", "Name": "home"}
     settings: dict[str, Any] = {}
+    if kind == "efs":
+        storage["StorageType"] = "Efs"
+        if "size" in fields or "volume_id" in fields:
+            raise node.fail("an EFS home takes no size or volume_id")
+        if "file_system_id" in fields:
+            settings["FileSystemId"] = fields["file_system_id"].str(
+                re.compile(r"^fs-[0-9a-f]{8,40}$"), "an EFS id"
+            )
+        else:
+            settings["Encrypted"] = True
+    else:
+        storage["StorageType"] = "Ebs"
+        if "file_system_id" in fields:
+            raise node.fail("an EBS home takes volume_id, not file_system_id")
+        if "volume_id" in fields:
+            settings["VolumeId"] = fields["volume_id"].str(
+                re.compile(r"^vol-[0-9a-f]{8,17}$"), "an EBS volume id"
+            )
+        else:
+            settings["Size"] = fields["size"].int(minimum=1) if "size" in fields else 100
+            settings["Encrypted"] = True
+    if "deletion_policy" in fields:
+        settings["DeletionPolicy"] = fields["deletion_policy"].str(
+            re.compile(r"^(Delete|Retain|Snapshot)$"), "Delete, Retain or Snapshot"
+        )
+    storage["EfsSettings" if kind == "efs" else "EbsSettings"] = settings
+    return storage
+
+
+def _slurm_settings(node: _Node) -> dict[str, Any]:
+    fields = node.mapping(
+        set(), {"custom_settings", "scaledown_idletime", "queue_update_strategy", "database"}
+    )
+    settings: dict[str, Any] = {}
+    if "scaledown_idletime" in fields:
+        # Minutes an idle dynamic node waits before ParallelCluster terminates it.
+        settings["ScaledownIdletime"] = fields["scaledown_idletime"].int(minimum=1)
+    if "queue_update_strategy" in fields:
+        settings["QueueUpdateStrategy"] = fields["queue_update_strategy"].str(
+            re.compile(r"^(COMPUTE_FLEET_STOP|DRAIN|TERMINATE)$"), "COMPUTE_FLEET_STOP, DRAIN or TERMINATE"
+        )
+    if "database" in fields:
+        # Slurm accounting (slurmdbd) in an external MySQL-compatible database; the password stays in
+        # Secrets Manager and only its ARN is in the config.
+        db = fields["database"].mapping({"uri", "user_name", "password_secret_arn"}, {"database_name"})
+        database: dict[str, Any] = {
+            "Uri": db["uri"].str(re.compile(r"^[\w.-]+(:\d{1,5})?$"), "host or host:port"),
+            "UserName": db["user_name"].str(),
+            "PasswordSecretArn": db["password_secret_arn"].str(
+                re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:\S+$"),
+                "a Secrets Manager ARN",
+            ),
+        }
+        if "database_name" in db:
+            database["DatabaseName"] = db["database_name"].str()
+        settings["Database"] = database
     if "custom_settings" in fields:
         entries = []
         for entry in fields["custom_settings"].items():
@@ -362,37 +706,82 @@ def _slurm_settings(node: _Node) -> dict[str, Any]:
     return settings
 
 
+def _login_pool(node: _Node) -> dict[str, Any]:
+    """Login nodes: users' shells and job submission off the head node (slurmctld stays undisturbed)."""
+    # No Ssh.KeyName: ParallelCluster 3.15+ refuses it on login nodes (users log in with the head node's key).
+    fields = node.mapping({"instance_type", "subnet_ids"}, {"name", "count"})
+    return {
+        "Name": _name(fields["name"]) if "name" in fields else "login",
+        "InstanceType": fields["instance_type"].str(_INSTANCE_TYPE_RE, "an EC2 instance type (family.size)"),
+        "Count": fields["count"].int(minimum=1) if "count" in fields else 1,
+        "Networking": {"SubnetIds": _subnets(fields["subnet_ids"])},
+    }
+
+
+def _monitoring(node: _Node) -> dict[str, Any]:
+    fields = node.mapping(set(), {"detailed_monitoring", "dashboards", "logs", "log_retention_days"})
+    monitoring: dict[str, Any] = {}
+    if "detailed_monitoring" in fields:
+        monitoring["DetailedMonitoring"] = fields["detailed_monitoring"].bool()
+    if "logs" in fields or "log_retention_days" in fields:
+        logs: dict[str, Any] = {"Enabled": fields["logs"].bool() if "logs" in fields else True}
+        if "log_retention_days" in fields:
+            logs["RetentionInDays"] = fields["log_retention_days"].int(minimum=1)
+        monitoring["Logs"] = {"CloudWatch": logs}
+    if "dashboards" in fields:
+        monitoring["Dashboards"] = {"CloudWatch": {"Enabled": fields["dashboards"].bool()}}
+    return monitoring
+
+
 def generate(spec: dict[str, Any]) -> dict[str, Any]:
     """Build and validate a ParallelCluster 3 config; a malformed spec is a UserError naming the field."""
-    fields = _Node(spec, "").mapping({"region", "ami", "head_node", "queues"}, {"slurm", "storage"})
+    fields = _Node(spec, "").mapping(
+        {"region", "ami", "head_node", "queues"},
+        {"slurm", "storage", "iam", "tags", "monitoring", "login_nodes"},
+    )
     region = fields["region"].str()
     if region not in supported_regions():
         raise fields["region"].fail(f"{region!r} is not a region ParallelCluster supports")
-    storage = fields["storage"].mapping(set(), {"fsx_lustre"}) if "storage" in fields else {}
+    storage = fields["storage"].mapping(set(), {"fsx_lustre", "home"}) if "storage" in fields else {}
     fsx = _fsx_lustre(storage["fsx_lustre"]) if "fsx_lustre" in storage else None
     managed_fsx = fsx is not None and "FileSystemId" not in fsx["FsxLustreSettings"]
+    spec_iam = _spec_iam(fields["iam"]) if "iam" in fields else {}
 
-    queues = [_queue(q, managed_fsx) for q in fields["queues"].items(max_len=MAX_NUMBER_OF_QUEUES)]
+    queues = [_queue(q, managed_fsx, spec_iam) for q in fields["queues"].items(max_len=MAX_NUMBER_OF_QUEUES)]
     names = [q["Name"] for q in queues]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise fields["queues"].fail(f"queue name(s) {', '.join(dupes)} repeat; give each a distinct name")
 
     scheduling: dict[str, Any] = {"Scheduler": "slurm"}
-    if "slurm" in fields:
-        slurm = _slurm_settings(fields["slurm"])
-        if slurm:
-            scheduling["SlurmSettings"] = slurm
+    slurm = _slurm_settings(fields["slurm"]) if "slurm" in fields else {}
+    requeue = [q for q in fields["queues"].items(max_len=MAX_NUMBER_OF_QUEUES) if q.value.get("requeue")]
+    if requeue:
+        # A job on a reclaimed Spot node goes back to the queue and restarts from its last checkpoint,
+        # instead of failing (slurm.conf JobRequeue; jobs opt out with --no-requeue).
+        custom = slurm.setdefault("CustomSlurmSettings", [])
+        if not any("JobRequeue" in entry for entry in custom):
+            custom.append({"JobRequeue": 1})
+    if slurm:
+        scheduling["SlurmSettings"] = slurm
     scheduling["SlurmQueues"] = queues
 
     config: dict[str, Any] = {
         "Region": region,
         "Image": {"Os": IMAGE_OS, "CustomAmi": fields["ami"].checked(check_ami_id)},
-        "HeadNode": _head_node(fields["head_node"]),
+        "HeadNode": _head_node(fields["head_node"], spec_iam),
         "Scheduling": scheduling,
     }
-    if fsx is not None:
-        config["SharedStorage"] = [fsx]
+    if "login_nodes" in fields:
+        config["LoginNodes"] = {"Pools": [_login_pool(fields["login_nodes"])]}
+    shared = ([_home(storage["home"])] if "home" in storage else []) + ([fsx] if fsx is not None else [])
+    if shared:
+        config["SharedStorage"] = shared
+    if "monitoring" in fields:
+        config["Monitoring"] = _monitoring(fields["monitoring"])
+    if "tags" in fields:
+        tags = fields["tags"].mapping(set(), frozenset(str(k) for k in fields["tags"].value or {}))
+        config["Tags"] = [{"Key": key, "Value": str(value.value)} for key, value in tags.items()]
     # Last, so the first keys stay the ones a reader looks for (Region, Image, HeadNode, Scheduling).
     config["Imds"] = dict(IMDS)
     validate(config)

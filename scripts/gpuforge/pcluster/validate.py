@@ -56,6 +56,24 @@ def _region(region: str) -> Iterator[None]:
             os.environ["AWS_DEFAULT_REGION"] = saved
 
 
+@contextmanager
+def _no_capacity_reservation_lookup() -> Iterator[None]:
+    """Keep the schema load offline for configs with a CapacityReservationTarget.
+
+    aws-parallelcluster 3.16.1's SlurmClusterConfig.__init__ (pcluster/config/cluster_config.py) warms a
+    cache with `Ec2Client.describe_capacity_reservations` for the semantic validators of step 2, which
+    this module does not run; the call is replaced by an empty answer while the schema loads.
+    """
+    from pcluster.aws.ec2 import Ec2Client
+
+    original = Ec2Client.describe_capacity_reservations
+    Ec2Client.describe_capacity_reservations = lambda self, *args, **kwargs: []
+    try:
+        yield
+    finally:
+        Ec2Client.describe_capacity_reservations = original
+
+
 def error_lines(messages: Any, path: str = "") -> list[str]:
     """Flatten marshmallow's nested error messages to "Path.To[0].Key: message" lines."""
     if isinstance(messages, dict):
@@ -140,7 +158,7 @@ def validate(config: dict[str, Any]) -> None:
 
     region = _config_region(config)
     try:
-        with _region(region):
+        with _region(region), _no_capacity_reservation_lookup():
             # load() may fill defaults into what it is given; the caller's dict stays untouched.
             ClusterSchema(cluster_name=_SCHEMA_CLUSTER_NAME).load(copy.deepcopy(config))
     except ValidationError as exc:

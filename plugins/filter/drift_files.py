@@ -1,0 +1,63 @@
+"""Ansible filter gpuforge.gpu.drift_files: the managed files a check-mode run would change, per host.
+
+playbooks/drift.yml runs the roles in check mode with --diff and the ansible.posix.json callback;
+this filter reads that output and keeps, for every host, the files whose content or attributes the
+roles would change (a diff with a file header or path), and how many other tasks would change.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+
+def _paths(result: dict[str, Any]) -> list[str]:
+    """The file paths named by one task result's diff(s)."""
+    diffs = result.get("diff") or []
+    if isinstance(diffs, dict):
+        diffs = [diffs]
+    found: list[str] = []
+    for diff in diffs:
+        if not isinstance(diff, dict):
+            continue
+        header = diff.get("before_header")
+        before = diff.get("before")
+        if isinstance(header, str) and header.startswith("/"):
+            found.append(header)
+        elif isinstance(before, dict) and isinstance(before.get("path"), str):
+            found.append(before["path"])
+    return found
+
+
+def drift_files(output: str) -> dict[str, dict[str, Any]]:
+    """{host: {"files": [paths, sorted], "other_changes": N}} from ansible.posix.json output."""
+    try:
+        data = json.loads(output[output.index("{") :])
+    except (ValueError, TypeError) as exc:
+        raise AnsibleFilterError(f"drift_files: not the json callback's output: {exc}") from exc
+    report: dict[str, dict[str, Any]] = {}
+    for play in data.get("plays", []):
+        for task in play.get("tasks", []):
+            for host, result in task.get("hosts", {}).items():
+                entry = report.setdefault(host, {"files": [], "other_changes": 0})
+                items = result.get("results") if isinstance(result.get("results"), list) else [result]
+                for item in items:
+                    if not isinstance(item, dict) or not item.get("changed"):
+                        continue
+                    paths = _paths(item)
+                    if paths:
+                        entry["files"].extend(p for p in paths if p not in entry["files"])
+                    else:
+                        entry["other_changes"] += 1
+    for entry in report.values():
+        entry["files"].sort()
+    return report
+
+
+class FilterModule:
+    """Ansible entry point."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"drift_files": drift_files}
