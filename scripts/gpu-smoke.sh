@@ -177,34 +177,29 @@ import json, os, sys
 from pathlib import Path
 
 repo, work = Path(sys.argv[1]), Path(sys.argv[2])
-gpus, efa = int(os.environ["GPU_COUNT"]), int(os.environ["EFA_COUNT"])
-expected = {"gpus": None, "efa": None}
 itype = os.environ["INSTANCE_TYPE"]
+types = {}
 try:
-    import yaml  # optional: only to read the expected counts from data/instance_types.yml
-    facts = yaml.safe_load((repo / "data/instance_types.yml").read_text())["gpuforge_instance_types"].get(itype)
-    if facts:
-        expected = {"gpus": facts["gpus"], "efa": facts["efa_interfaces"]}
+    import yaml  # optional: the expected hardware per type comes from data/instance_types.yml
+
+    types = yaml.safe_load((repo / "data/instance_types.yml").read_text())["gpuforge_instance_types"]
 except ImportError:
     pass
-health_defaults = {
+# The same keys roles/health writes (templates/etc/gpuforge/health.json.j2); the script detects the
+# hardware itself and compares it with the instance type's row.
+config = {
+    "instance_type": itype or "unknown",
+    "instance_types": types,
+    # The instance type was looked up above (or given); the health script need not ask IMDS again.
+    "imds": False,
+    "hardware_absent_by_design": False,
     "max_temperature_c": 85,
     "timeout_s": 30,
     "dcgm_timeout_s": 1800,
-    "xid_actions": {"48": "reset", "63": "reset", "74": "reset", "94": "reset", "61": "reboot", "62": "reboot",
-                    "79": "reboot", "95": "reboot", "119": "reboot", "120": "reboot", "64": "isolate",
-                    "92": "isolate"},
-    "paths": [{"path": os.environ.get("TMPDIR", "/tmp"), "min_free_gib": 1, "min_free_inodes_pct": 5,
-               "required": True}],
-}
-config = {
-    **health_defaults,
-    "gpu_present": gpus > 0,
-    "efa_present": efa > 0,
-    "expected_gpus": expected["gpus"],
-    "expected_efa": expected["efa"],
     # DCGM runs separately below with its own figures.
     "dcgm_level": {"adhoc": 0, "prolog": 0, "epilog": 0},
+    "paths": [{"path": os.environ.get("TMPDIR", "/tmp"), "min_free_gib": 1, "min_free_inodes_pct": 5,
+               "required": True}],
     "tools": {},
 }
 (work / "health.json").write_text(json.dumps(config))

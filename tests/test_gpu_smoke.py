@@ -73,8 +73,11 @@ def test_without_a_gpu_it_says_so_and_still_runs_the_health_checks(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert "no NVIDIA GPU found" in proc.stderr
     assert report["status"] == "no_gpu" and report["gpu_count"] == 0
-    checks = {r["check"]: r["status"] for r in report["health"]["results"]}
-    assert checks["gpu_count"] == "not_present"
+    checks = {r["check"]: r for r in report["health"]["results"]}
+    # No type given and no IMDS here: nothing is promised, so the GPU checks say so instead of passing.
+    assert checks["gpu_count"]["status"] == "skipped"
+    assert "no GPU(s) promised" in checks["gpu_count"]["detail"]
+    assert checks["path " + str(tmp_path)]["status"] == "pass"
     assert "nccl_allreduce" not in report and "dcgm_diag" not in report
     # Nothing left behind but the report.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke.json"]
