@@ -93,6 +93,7 @@ def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "gpuforge_versions": PINS.components,
                 "gpuforge_versions_hash": PINS.digest,
                 "gpuforge_previous_manifest": SCHEMA2,
+                "gpuforge_targets": ["p5.48xlarge"],
                 "gpuforge_reality": {
                     "dcgm": {"action": "adopt", "version": "4.6.0", "source": "base_image"},
                     "nccl": {"action": "install", "version": "2.27.7", "source": "gpuforge"},
@@ -125,6 +126,7 @@ def test_role_reads_as_python(role_side: dict[str, Any], case: str) -> None:
 
 @pytest.mark.slow
 def test_written_manifest_keeps_earlier_records_and_adds_this_runs(role_side: dict[str, Any]) -> None:
+    assert role_side["written"]["targets"] == ["p5.48xlarge"]  # the targets' writer's key, kept as it is
     written = node_manifest.parse(role_side["written"])
     assert written.versions_hash == PINS.digest and written.pins == PINS.components
     assert {n: (i.version, i.source) for n, i in written.installed.items()} == {

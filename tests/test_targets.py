@@ -145,6 +145,8 @@ def _versions_file(directory: Path, pins: dict[str, str]) -> Path:
     data = yaml.safe_load((REPO / "versions.yml").read_text())
     for name, version in pins.items():
         data["gpuforge_versions"][name]["version"] = version
+        # A pin may not be below its floor (the version policy): these old pins come with their floors.
+        data["gpuforge_versions"][name]["floor"] = version
     path = directory / "versions.yml"
     path.write_text(yaml.safe_dump(data))
     return path
