@@ -22,6 +22,9 @@ from gpuforge.artifacts import fixtures
 from localplay import REPO, record, run_cases
 
 PIN = versions.load().version("aws_ofi_nccl")
+FLOOR = versions.load().components["aws_ofi_nccl"].get("floor", PIN)
+# A bundle newer than the pin, as a current DLAMI's EFA installer carries (tests/twins records).
+NEWER = "1.21.1"
 ARCH_LIB = f"lib/{platform.machine()}-linux-gnu"
 
 pytestmark = pytest.mark.slow
@@ -31,6 +34,8 @@ CASES: dict[str, tuple[str | None, str | None, bool, str]] = {
     "bundle-pre-1.44-layout": (f"{ARCH_LIB}/libnccl-net.so", PIN, False, "auto"),
     "bundle-1.44-layout": ("lib/libnccl-net-ofi.so", PIN, False, "auto"),
     "bundle-wins-over-cuda": (f"{ARCH_LIB}/libnccl-net.so", PIN, True, "auto"),
+    "newer-bundle-adopted": ("lib/libnccl-net-ofi.so", NEWER, True, "auto"),
+    "newer-bundle-required": ("lib/libnccl-net-ofi.so", NEWER, True, "bundled"),
     "other-bundle-with-cuda": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", True, "auto"),
     "other-bundle-no-cuda": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", False, "auto"),
     "no-bundle-no-cuda": (None, None, False, "auto"),
@@ -44,11 +49,14 @@ EXPECTED: dict[str, tuple[str, str, str] | str] = {
     "bundle-pre-1.44-layout": ("bundled", PIN, ARCH_LIB),
     "bundle-1.44-layout": ("bundled", PIN, "lib"),
     "bundle-wins-over-cuda": ("bundled", PIN, ARCH_LIB),
+    # Adopted, never replaced by a build of the older pin (the version policy: never downgrade).
+    "newer-bundle-adopted": ("bundled", NEWER, "lib"),
+    "newer-bundle-required": ("bundled", NEWER, "lib"),
     "other-bundle-with-cuda": ("build", "1.9.1", ARCH_LIB),
     "other-bundle-no-cuda": ("skip", "1.9.1", ARCH_LIB),
     "no-bundle-no-cuda": ("skip", "", ""),
     "forced-build-with-bundle": ("build", PIN, ARCH_LIB),
-    "required-bundle-mismatch": f"holds aws-ofi-nccl 1.9.1, not the pinned {PIN}",
+    "required-bundle-mismatch": f"holds aws-ofi-nccl 1.9.1, not {FLOOR} or newer",
     "forced-build-no-cuda": "aws_ofi_nccl_source is 'build' but there is no CUDA toolkit",
 }
 
@@ -72,7 +80,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip("needs a C compiler for the stand-in plugin")
     root = tmp_path_factory.mktemp("ofi-plan")
     work = tmp_path_factory.mktemp("ofi-plugin")
-    plugins = {v: fixtures.standin_plugin(v, work) for v in {PIN, "1.9.1"}}
+    plugins = {v: fixtures.standin_plugin(v, work) for v in {PIN, "1.9.1", NEWER}}
     cases: dict[str, list[dict[str, Any]]] = {}
     for case, (_, _, _, source) in CASES.items():
         dirs = _prepare(root, case, plugins)
@@ -109,7 +117,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_plugin_source_decision(outcomes: dict[str, Any], case: str) -> None:
-    """Bundled when the bundle is the pin (either layout), else build with CUDA, else a recorded skip."""
+    """Bundled when the bundle is the floor or newer (either layout), else build with CUDA, else a skip."""
     got = outcomes["results"][case]
     expected = EXPECTED[case]
     if isinstance(expected, str):
