@@ -11,17 +11,24 @@ locals {
   # Tags every artifact carries: the versions manifest (from gpuforge), provenance, and the base image.
   # Packer renders {{ .SourceAMI }} and {{ .SourceAMIName }} from the image it actually launched.
   image_tags = merge(var.image_tags, {
-    "Name"                     = local.image_name
-    "gpuforge:flavor"          = var.flavor
-    "gpuforge:git-revision"    = var.git_revision
-    "gpuforge:build-id"        = var.build_id
-    "gpuforge:build-time"      = local.build_time
-    "gpuforge:source-ami-id"   = "{{ .SourceAMI }}"
-    "gpuforge:source-ami-name" = "{{ .SourceAMIName }}"
+    "Name"                           = local.image_name
+    "gpuforge:flavor"                = var.flavor
+    "gpuforge:git-revision"          = var.git_revision
+    "gpuforge:build-id"              = var.build_id
+    "gpuforge:build-time"            = local.build_time
+    "gpuforge:source-ami-id"         = "{{ .SourceAMI }}"
+    "gpuforge:source-ami-name"       = "{{ .SourceAMIName }}"
+    "gpuforge:target-instance-types" = join(",", var.target_instance_types)
   })
 
-  # A fallback filter only when gpuforge did not resolve the base AMI itself.
-  source_ami_filters = var.source_ami == "" ? [var.source_ami_name_filter] : []
+  # A fallback filter only when gpuforge did not resolve the base AMI itself: the Deep Learning
+  # Base OSS Nvidia Driver GPU AMI of base_os (images.DLAMI_NAME_FILTERS in gpuforge).
+  dlami_name_filters = {
+    "ubuntu22.04" = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
+    "ubuntu24.04" = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) *"
+  }
+  source_ami_name_filter = var.source_ami_name_filter != "" ? var.source_ami_name_filter : local.dlami_name_filters[var.base_os]
+  source_ami_filters     = var.source_ami == "" ? [local.source_ami_name_filter] : []
 
   ansible_extra_vars = var.ansible_extra_vars_file == "" ? [] : ["-e", "@${var.ansible_extra_vars_file}"]
 }
@@ -114,9 +121,12 @@ build {
     playbook_file = "${var.repo_root}/playbooks/bake.yml"
     use_proxy     = false
     user          = source.name == "lab" ? var.lab_username : var.ssh_username
+    # The image's target instance types decide every hardware-specific install (fabric manager,
+    # NVLink subnet manager); the builder's own hardware only decides what can be checked.
     extra_arguments = concat([
       "--tags", "install",
       "-e", "gpuforge_bake_flavor=${var.flavor}",
+      "-e", jsonencode({ gpuforge_target_instance_types = var.target_instance_types }),
     ], local.ansible_extra_vars)
     ansible_env_vars = [
       "ANSIBLE_CONFIG=${var.repo_root}/ansible.cfg",

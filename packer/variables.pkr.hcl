@@ -53,8 +53,28 @@ variable "source_ami" {
 
 variable "source_ami_name_filter" {
   type        = string
-  default     = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
-  description = "Name filter (owner amazon, newest wins) used only when source_ami is empty."
+  default     = ""
+  description = "Name filter (owner amazon, newest wins) used only when source_ami is empty; empty means the Deep Learning Base OSS Nvidia Driver GPU AMI of base_os."
+}
+
+variable "base_os" {
+  type        = string
+  default     = "ubuntu22.04"
+  description = "Operating system of the Deep Learning Base OSS Nvidia Driver GPU AMI to bake on: ubuntu22.04 or ubuntu24.04 (gpuforge bake --base-os)."
+  validation {
+    condition     = contains(["ubuntu22.04", "ubuntu24.04"], var.base_os)
+    error_message = "The base_os must be ubuntu22.04 or ubuntu24.04."
+  }
+}
+
+variable "target_instance_types" {
+  type        = list(string)
+  default     = ["p5.48xlarge", "p5en.48xlarge"]
+  description = "Instance types the image is for (gpuforge bake --target-instance-types, checked against data/instance_types.yml); they decide the hardware-specific installs and go into the gpuforge:target-instance-types tag."
+  validation {
+    condition     = length(var.target_instance_types) > 0 && length(join(",", var.target_instance_types)) <= 256
+    error_message = "The target_instance_types must name at least one instance type and fit one tag value (256 characters)."
+  }
 }
 
 variable "instance_type" {

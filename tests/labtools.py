@@ -6,8 +6,10 @@ call goes through the real `gpuforge` entry point in a subprocess, as a user wou
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 from gpuforge.bench import labrun
@@ -159,3 +162,22 @@ def _reboot(lab_name: str, host_name: str, image: str | None, *, fresh: bool) ->
         node.pid = host.boot(lab_state, node, root)
         state.save(lab_state)
     host.wait_ssh(lab_state, node)
+
+
+def put_munge_key(env: dict[str, str]) -> str:
+    """A random munge key in the lab's SSM Parameter Store (moto), where the slurm role reads it."""
+    key = base64.b64encode(secrets.token_bytes(96)).decode()
+    ssm = boto3.client(
+        "ssm",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    ssm.put_parameter(
+        Name=f"/gpuforge/{env['GPUFORGE_CLUSTER_NAME']}/munge-key",
+        Type="SecureString",
+        Value=key,
+        Overwrite=True,
+    )
+    return key

@@ -13,6 +13,7 @@ can check that a failed bake leaves nothing behind.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,9 @@ from typing import Any
 import boto3
 import pytest
 
-from gpuforge import aws, cli, versions
+from gpuforge import aws, cli, targets, versions
 from gpuforge.ami import bake, images, publish
-from gpuforge.errors import ExternalError
+from gpuforge.errors import ExternalError, UserError
 from gpuforge.lab.moto import MotoServer
 
 FAKE_PACKER = r'''#!{python}
@@ -206,7 +207,10 @@ def test_bake_registers_tagged_imdsv2_image(
     var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
     variables = json.loads(var_file.read_text())
     assert variables["source_ami"] == dlami_base
-    assert variables["image_tags"] == manifest.image_tags()
+    assert variables["image_tags"] == {
+        **manifest.image_tags(),
+        targets.TARGETS_TAG: ",".join(targets.DEFAULT_TARGETS["dlami"]),
+    }
     # Progress is streamed while Packer runs.
     err = capsys.readouterr().err
     assert "Launching a source AWS instance" in err and "artifact from amazon-ebs.gpu" in err
@@ -474,6 +478,42 @@ def test_extra_vars_file_reaches_packer_as_absolute_path(
     (build,) = _builds(fake_packer)
     var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
     assert json.loads(var_file.read_text())["ansible_extra_vars_file"] == str(tmp_path / "extra.yml")
+
+
+def test_bake_carries_its_target_instance_types_to_ansible_and_tags(
+    dlami_base: str, fake_packer: Path, tmp_path: Path
+) -> None:
+    """The builder stays a g5.2xlarge; the targets reach the playbook (Packer variable) and the image tag."""
+    image = bake.bake_aws(_options(tmp_path, target_instance_types=("p4d.24xlarge", "g6e.48xlarge")))
+    assert image.tags[targets.TARGETS_TAG] == "p4d.24xlarge,g6e.48xlarge"
+    assert targets.from_tags(image.tags) == ("p4d.24xlarge", "g6e.48xlarge")
+    (build,) = _builds(fake_packer)
+    var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
+    variables = json.loads(var_file.read_text())
+    assert variables["instance_type"] == "g5.2xlarge"
+    assert variables["target_instance_types"] == ["p4d.24xlarge", "g6e.48xlarge"]
+
+
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [
+        ("p9.fake", "unknown instance type 'p9.fake'"),
+        ("p6e-gb200.36xlarge", "'p6e-gb200.36xlarge' is not supported: arm64"),
+        # The pinned driver branch cannot drive B200 (versions.yml pins an older one than 570.133.20).
+        ("p6-b200.48xlarge", "p6-b200.48xlarge: the pinned driver"),
+    ],
+)
+def test_bake_refuses_targets_it_cannot_serve_before_launching(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, target: str, why: str
+) -> None:
+    if target == "p6-b200.48xlarge" and not targets.problems(
+        targets.instance_types.get(target), versions.load()
+    ):
+        pytest.skip("versions.yml now pins a driver, CUDA and plugin that serve B200")
+    with pytest.raises(UserError, match=re.escape(why)):
+        bake.bake_aws(_options(tmp_path, target_instance_types=(target,)))
+    assert _builds(fake_packer) == []
+    assert _gpuforge_images() == []
 
 
 def test_bake_copies_to_other_regions_tagged_like_the_original(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import time
 from pathlib import Path
@@ -52,10 +53,24 @@ def test_lab_modules_run_apart_and_the_shared_lab_once(tmp_path: Path) -> None:
         "fleet_lab": ["test_shared_a.py", "test_shared_b.py"],
         "test_own": ["test_own.py"],
     }
-    phases = testrun.pytest_phases(tmp_path, "pytest", "-ci")
+    phases = testrun.pytest_phases(tmp_path, "pytest", "-ci", unit_shards=1)
     suffixes = [p.env["GPUFORGE_TEST_LAB_SUFFIX"] for p in phases]
     assert len(set(suffixes)) == len(phases)
     assert all(len("mitogen" + s) <= 12 for s in suffixes)
+
+
+def test_the_unit_group_is_split_into_balanced_shards_that_cover_it() -> None:
+    unit = testrun.pytest_groups(REPO / "tests")["unit"]
+    parts = testrun.shards(unit, 3)
+    assert len(parts) == 3
+    assert sorted(m for part in parts for m in part) == sorted(unit)
+    weights = [
+        sum(testrun.MODULE_WEIGHTS.get(m.stem, testrun.DEFAULT_MODULE_WEIGHT) for m in p) for p in parts
+    ]
+    heaviest = max(testrun.MODULE_WEIGHTS.values())
+    assert max(weights) - min(weights) <= heaviest
+    phases = testrun.pytest_phases(REPO / "tests", "pytest", "", unit_shards=3)
+    assert [p.name for p in phases][:3] == ["pytest unit-1", "pytest unit-2", "pytest unit-3"]
 
 
 def test_every_molecule_scenario_is_a_phase() -> None:
@@ -111,3 +126,18 @@ def test_make_test_and_ci_run_use_the_runner() -> None:
     assert "scripts/ci/testrun.py" in recipe
     assert "make test" in (REPO / ".ci" / "run").read_text()
     assert "make test" in (REPO / "README.md").read_text()
+
+
+def test_molecule_playbooks_take_the_lab_name_with_its_suffix() -> None:
+    """Scenarios run side by side and beside other checkouts: no playbook names its lab literally."""
+    literal = re.compile(
+        r"\bm-(?:" + "|".join(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")) + r")\b"
+    )
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "molecule").rglob("*.yml")
+        if literal.search(path.read_text())
+    ]
+    assert offenders == []
+    shared = (REPO / "molecule" / "_shared" / "lab_vars.yml").read_text()
+    assert "GPUFORGE_TEST_LAB_SUFFIX" in shared

@@ -7,10 +7,8 @@ takes several minutes (Debian's slurm-wlm is installed through the lab's package
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,7 +16,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 import labtools
@@ -52,20 +49,7 @@ def cluster() -> Iterator[dict[str, Any]]:
     info = lab_up(LAB, 3)
     env = lab_core.env_exports(LAB)
     # The munge key lives in SSM Parameter Store (moto here), where the slurm role reads it.
-    key = base64.b64encode(secrets.token_bytes(96)).decode()
-    ssm = boto3.client(
-        "ssm",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    ssm.put_parameter(
-        Name=f"/gpuforge/{env['GPUFORGE_CLUSTER_NAME']}/munge-key",
-        Type="SecureString",
-        Value=key,
-        Overwrite=True,
-    )
+    key = labtools.put_munge_key(env)
     run = playbook(env, SITE)
     assert run.returncode == 0, run.stdout[-6000:]
     hosts = {h["role"]: h["name"] for h in info["hosts"]}

@@ -1,4 +1,4 @@
-"""The nccl_tuning role's setting selection (roles/nccl_tuning/filter_plugins/nccl_tuning.py).
+"""The nccl_tuning role's setting selection (plugins/filter/nccl_tuning.py, the collection's filter plugin).
 
 The candidates are the role's real defaults; only the node description (instance type and
 probed versions) varies, so these tests check the rules the role ships, not a copy of them.
@@ -22,7 +22,7 @@ ROLE = REPO / "roles" / "nccl_tuning"
 
 def _load_filter() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "nccl_tuning_filter", ROLE / "filter_plugins" / "nccl_tuning.py"
+        "nccl_tuning_filter", REPO / "plugins" / "filter" / "nccl_tuning.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -35,7 +35,6 @@ from localplay import BIN, REPO, record
 pytestmark = pytest.mark.slow
 
 MUNGE_TASKS = REPO / "roles" / "slurm" / "tasks" / "munge.yml"
-LOOKUP_PLUGINS = REPO / "roles" / "slurm" / "lookup_plugins"
 DEST_LINE = "    dest: /etc/munge/munge.key\n"
 PARAMETER = "/gpuforge/secret-test/munge-key"
 MISSING_PARAMETER = "/gpuforge/secret-test/no-such-key"
@@ -149,8 +148,8 @@ def _run(tmp: Path, tasks_file: Path, keys: dict[str, str]) -> tuple[str, dict[s
             **os.environ,
             "PATH": f"{BIN}:/usr/bin:/bin",
             "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            # The role's plugins directory, as Ansible adds it when it loads the role.
-            "ANSIBLE_LOOKUP_PLUGINS": str(LOOKUP_PLUGINS),
+            # The lookup is the collection's (gpuforge.gpu.slurm_ssm_secret), found through
+            # ansible.cfg's collections_path (./collections links back to this checkout).
             "ANSIBLE_LOG_PATH": str(log),
             "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache),
             "HOME": str(tmp),
@@ -206,7 +205,7 @@ def test_why_the_role_has_its_own_ssm_lookup(keys: dict[str, str], tmp_path: Pat
     """amazon.aws.ssm_parameter prints what it read at -vvvv, even in a no_log task.
 
     If this fails, amazon.aws stopped doing so, and the role could use it again instead of
-    lookup_plugins/slurm_ssm_secret.py.
+    plugins/lookup/slurm_ssm_secret.py.
     """
     task = {
         "name": "Read the key the collection's way",
@@ -244,7 +243,7 @@ SECRET_NAME = re.compile(
 )
 # Lookups that return a secret whatever the variable is called.
 SECRET_LOOKUP = re.compile(
-    r"lookup\(\s*['\"](?:slurm_ssm_secret|amazon\.aws\.(?:aws_)?ssm(?:_parameter)?|"
+    r"lookup\(\s*['\"](?:(?:gpuforge\.gpu\.)?slurm_ssm_secret|amazon\.aws\.(?:aws_)?ssm(?:_parameter)?|"
     r"amazon\.aws\.(?:aws_)?secret(?:smanager_secret)?|ansible\.builtin\.password)['\"]"
 )
 JINJA = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.S)

@@ -144,7 +144,8 @@ def test_killed_host_is_reported_others_finish_and_rerun_converges(
     # Kill the host once the first role task (after fact gathering) is under way.
     for line in proc.stdout:
         lines.append(line)
-        if not killed and line.startswith("TASK [gpuforge_common"):
+        # The role's tasks show as "TASK [gpuforge.gpu.gpuforge_common : ..." (FQCN) or short.
+        if not killed and re.match(r"TASK \[(?:gpuforge\.gpu\.)?gpuforge_common : ", line):
             labrun.kill_host(LAB, victim["name"])
             killed = True
     proc.wait(timeout=900)

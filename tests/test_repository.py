@@ -94,6 +94,18 @@ def test_downloaded_components_pin_a_sha256(component: str) -> None:
     assert len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
 
 
+def test_roles_embed_no_plugins() -> None:
+    """Roles run from the collection (gpuforge.gpu.<role>), where Ansible loads no plugins from a
+    role's own filter_plugins/, lookup_plugins/ or library/: those live in plugins/ instead."""
+    roles = REPO / "roles"
+    embedded = [
+        str(p.relative_to(REPO))
+        for p in roles.glob("*/*")
+        if p.is_dir() and (p.name.endswith("_plugins") or p.name in ("library", "module_utils"))
+    ]
+    assert embedded == []
+
+
 def test_the_disable_lookups_deprecation_is_amazon_aws_s_not_ours() -> None:
     """Every ansible command prints it while the pinned amazon.aws passes `disable_lookups` (issue #2786).
 

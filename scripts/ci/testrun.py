@@ -7,7 +7,8 @@ modules and the Molecule scenarios run side by side, each in its own process:
 
 - every pytest module that boots its own lab is a group of its own;
 - the modules sharing the session-wide `fleet_lab` fixture form one group (one booted lab);
-- every other test module is in the `unit` group, so a module added later is always run;
+- every other test module is in the `unit` group, so a module added later is always run; that
+  group is CPU-bound and split into shards of similar weight (GPUFORGE_CI_UNIT_SHARDS);
 - each Molecule scenario is a phase (its lab is already named after the scenario).
 
 Each pytest group gets its own GPUFORGE_TEST_LAB_SUFFIX so two groups never share a lab
@@ -44,7 +45,6 @@ _SHARED_LAB = re.compile(r"\bfleet_lab\s*[:,)]")
 # phases first; a phase not listed is assumed long, so it is started early rather than last.
 ESTIMATES: dict[str, float] = {
     "lint": 200,
-    "pytest unit": 420,
     "pytest fleet_lab": 60,
     "pytest test_ami_local_bake": 420,
     "pytest test_fleet_lab": 420,
@@ -58,6 +58,21 @@ ESTIMATES: dict[str, float] = {
     "molecule slurm": 240,
 }
 UNKNOWN_ESTIMATE = 300.0
+
+# The `unit` group is CPU-bound (control-host plays, CLI subprocesses, moto), so it is split into
+# shards that run side by side; these relative weights (seconds per module under load, from
+# `--durations`) balance them. A module not listed weighs DEFAULT_MODULE_WEIGHT.
+MODULE_WEIGHTS: dict[str, float] = {
+    "test_aws_ofi_nccl_plan": 300,
+    "test_ami_bake": 180,
+    "test_ami_prune": 125,
+    "test_stack_roles_validate": 100,
+    "test_no_secret_output": 100,
+    "test_bad_input": 90,
+    "test_ami_publish": 75,
+    "test_preflight": 60,
+}
+DEFAULT_MODULE_WEIGHT = 20.0
 
 
 @dataclass
@@ -98,13 +113,34 @@ def lab_suffix(base: str, index: int) -> str:
     return f"{base}{index}" if base else f"-{index}"
 
 
-def pytest_phases(test_dir: Path, pytest: str, base_suffix: str) -> list[Phase]:
+def shards(modules: Sequence[Path], count: int) -> list[list[Path]]:
+    """Split modules into at most `count` shards of similar weight (heaviest first, lightest shard)."""
+    bins: list[tuple[float, list[Path]]] = [(0.0, []) for _ in range(max(1, min(count, len(modules))))]
+    for module in sorted(modules, key=lambda m: (-MODULE_WEIGHTS.get(m.stem, DEFAULT_MODULE_WEIGHT), m.name)):
+        weight, members = min(bins, key=lambda b: b[0])
+        bins.remove((weight, members))
+        bins.append((weight + MODULE_WEIGHTS.get(module.stem, DEFAULT_MODULE_WEIGHT), [*members, module]))
+    return [sorted(members) for _, members in sorted(bins, key=lambda b: b[1][0].name) if members]
+
+
+def pytest_phases(test_dir: Path, pytest: str, base_suffix: str, unit_shards: int = 3) -> list[Phase]:
+    split: dict[str, list[Path]] = {}
+    for group, modules in pytest_groups(test_dir).items():
+        if group == "unit" and unit_shards > 1:
+            for number, shard in enumerate(shards(modules, unit_shards), start=1):
+                split[f"unit-{number}"] = shard
+        else:
+            split[group] = modules
     phases = []
-    for index, (group, modules) in enumerate(pytest_groups(test_dir).items()):
+    for index, (group, modules) in enumerate(split.items()):
         name = f"pytest {group}"
         argv = [pytest, "-p", "no:cacheprovider", *(_shown(m) for m in modules)]
         env = {"GPUFORGE_TEST_LAB_SUFFIX": lab_suffix(base_suffix, index)}
-        phases.append(Phase(name, argv, env, ESTIMATES.get(name, UNKNOWN_ESTIMATE)))
+        if group.startswith("unit"):
+            estimate = sum(MODULE_WEIGHTS.get(m.stem, DEFAULT_MODULE_WEIGHT) for m in modules)
+        else:
+            estimate = ESTIMATES.get(name, UNKNOWN_ESTIMATE)
+        phases.append(Phase(name, argv, env, estimate))
     return phases
 
 
@@ -210,6 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/ci/testrun.py", description=__doc__.splitlines()[0])
     default_jobs = int(os.environ.get("GPUFORGE_CI_JOBS", str(max(4, 2 * (os.cpu_count() or 1)))))
     parser.add_argument("--jobs", type=int, default=default_jobs, help="phases at once (GPUFORGE_CI_JOBS)")
+    parser.add_argument(
+        "--unit-shards",
+        type=int,
+        default=int(os.environ.get("GPUFORGE_CI_UNIT_SHARDS", "3")),
+        help="processes the unit group is split into (GPUFORGE_CI_UNIT_SHARDS)",
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a phase is stopped")
     parser.add_argument("--skip-setup", action="store_true", help="do not run `make setup` first")
     parser.add_argument(

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from gpuforge import paths
 from gpuforge.errors import UserError
+
+
+@dataclass(frozen=True)
+class PluginFacts:
+    """What the aws-ofi-nccl plugin needs and sets on a type (data/instance_types.yml aws_ofi_nccl)."""
+
+    min_version: str
+    min_nccl: str
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -23,23 +33,61 @@ class InstanceType:
     gpu_memory_gib: int | None = None
     # Expected multi-node all_reduce_perf bus bandwidth, GB/s (see data/instance_types.yml).
     nccl_allreduce_busbw_gb_s: float | None = None
+    # Fourth-generation NVSwitch (HGX B200): NVIDIA's NVLink Subnet Manager runs next to the fabric manager.
+    nvlink_subnet_manager: bool = False
+    aws_ofi_nccl: PluginFacts | None = None
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    architecture: str
+    compute_capability: str
+    # Oldest driver release / CUDA release that support the GPU, where NVIDIA publishes one.
+    min_driver: str | None = None
+    min_cuda: str | None = None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    types: dict[str, InstanceType]
+    gpu_models: dict[str, GpuModel]
+    # Known types gpuforge does not build images for -> why.
+    unsupported: dict[str, str]
+
+
+def _instance_type(name: str, facts: dict[str, Any]) -> InstanceType:
+    plugin = facts.pop("aws_ofi_nccl", None)
+    return InstanceType(
+        name=name,
+        aws_ofi_nccl=PluginFacts(**plugin) if plugin else None,
+        **facts,
+    )
 
 
 @cache
-def _load(path: Path) -> dict[str, InstanceType]:
-    data = yaml.safe_load(path.read_text())["gpuforge_instance_types"]
-    return {name: InstanceType(name=name, **facts) for name, facts in data.items()}
+def catalog(path: Path | None = None) -> Catalog:
+    data = yaml.safe_load((path or paths.instance_types_file()).read_text())
+    return Catalog(
+        types={name: _instance_type(name, dict(f)) for name, f in data["gpuforge_instance_types"].items()},
+        gpu_models={
+            name: GpuModel(name=name, **f) for name, f in data.get("gpuforge_gpu_models", {}).items()
+        },
+        unsupported={str(k): str(v) for k, v in data.get("gpuforge_unsupported_instance_types", {}).items()},
+    )
 
 
 def all_types(path: Path | None = None) -> dict[str, InstanceType]:
-    return _load(path or paths.instance_types_file())
+    return catalog(path).types
 
 
 def get(name: str, path: Path | None = None) -> InstanceType:
-    """Facts for one type; an unknown type is a user error listing the known ones."""
-    types = all_types(path)
+    """Facts for one type; an unsupported or unknown type is a user error saying why."""
+    cat = catalog(path)
     try:
-        return types[name]
+        return cat.types[name]
     except KeyError:
-        known = ", ".join(sorted(types))
+        if name in cat.unsupported:
+            raise UserError(f"instance type {name!r} is not supported: {cat.unsupported[name]}") from None
+        known = ", ".join(sorted(cat.types))
         raise UserError(f"unknown instance type {name!r}; known types: {known}") from None

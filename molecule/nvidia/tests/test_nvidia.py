@@ -71,6 +71,33 @@ def test_persistenced_pinned_and_enabled_not_running(host):
     assert not service.is_running
 
 
+def test_persistenced_starts_with_persistence_mode(host):
+    """gpuforge's drop-in replaces the packaged start line: persistence mode on for every GPU."""
+    dropin = host.file("/etc/systemd/system/nvidia-persistenced.service.d/gpuforge-persistence-mode.conf")
+    assert dropin.exists and (dropin.user, dropin.group) == ("root", "root") and dropin.mode == 0o644
+    exec_start = host.check_output("systemctl show -p ExecStart nvidia-persistenced.service")
+    assert "--persistence-mode" in exec_start and "--no-persistence-mode" not in exec_start
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "nvswitch_target"),
+    [("c5n.large", False), ("p5.48xlarge", True)],
+    ids=["head", "compute"],
+)
+def test_nvswitch_boot_unit_follows_the_targets(host, instance_type, nvswitch_target):
+    """An NVSwitch target gets the boot-time detection, enabled; on this host (no GPU) it starts nothing."""
+    hardware = json.loads(host.file("/etc/gpuforge/hardware.json").content_string)
+    if hardware["instance_type"] != instance_type:
+        pytest.skip(f"this host is a {hardware['instance_type']}")
+    script = host.file("/usr/local/sbin/gpuforge-nvswitch-services")
+    assert script.exists is nvswitch_target
+    if nvswitch_target:
+        assert host.service("gpuforge-nvswitch-services").is_enabled
+        with host.sudo():
+            run = host.run("/usr/local/sbin/gpuforge-nvswitch-services")
+        assert run.rc == 0 and "no NVSwitch fabric" in run.stdout
+
+
 @pytest.mark.parametrize("library", ["libnvidia-ml.so.1", "libcuda.so.1"])
 def test_driver_libraries_visible_to_the_loader(host, library):
     """The NVML and CUDA driver libraries are in the dynamic loader's cache."""
@@ -94,7 +121,7 @@ def test_nvidia_smi_reports_no_device(host):
 
 @pytest.mark.parametrize(
     ("instance_type", "fabricmanager"),
-    [("c5n.large", "not needed (no NVSwitch)"), ("p5.48xlarge", "not available on Debian")],
+    [("c5n.large", "not needed (no NVSwitch target)"), ("p5.48xlarge", "not available on Debian")],
     ids=["head", "compute"],
 )
 def test_driver_report_says_hardware_checks_skipped(host, instance_type, fabricmanager):
@@ -188,7 +215,7 @@ def test_dcgm_exporter_binary_is_the_verified_artifact(host):
     """The exporter binary is the artifact whose sha256 the role verified, root-owned and executable."""
     binary = host.file("/usr/local/bin/dcgm-exporter")
     assert (binary.user, binary.group) == ("root", "root") and binary.mode == 0o755
-    fixture = SCENARIO / "files" / "dcgm-exporter-fixture"
+    fixture = SCENARIO.parent.parent / "tests/fixtures/nvidia/files/dcgm-exporter-fixture"
     assert binary.sha256sum == hashlib.sha256(fixture.read_bytes()).hexdigest()
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuforge import aws, paths, versions
+from gpuforge import aws, paths, targets, versions
 from gpuforge.ami import images
 from gpuforge.ami import manifest as packer_manifest
 from gpuforge.ami.packer import MachineLine, Packer, Progress, launched_instance, template_dir, write_var_file
@@ -33,7 +33,8 @@ LOG = logging.getLogger(__name__)
 AWS_SOURCE = "amazon-ebs.gpu"
 LAB_SOURCE = "null.lab"
 # Value of the parallelcluster:os tag, which ParallelCluster compares with the cluster's Image.Os.
-PCLUSTER_OS = "ubuntu2204"
+PCLUSTER_OSES = {"ubuntu22.04": "ubuntu2204", "ubuntu24.04": "ubuntu2404"}
+PCLUSTER_OS = PCLUSTER_OSES["ubuntu22.04"]
 
 
 def installed_pcluster_version() -> str:
@@ -61,7 +62,9 @@ def git_revision(root: Path | None = None) -> str:
     return f"{rev}-dirty" if dirty else rev
 
 
-def flavor_tags(manifest: versions.Manifest, flavor: str, pcluster_version: str) -> dict[str, str]:
+def flavor_tags(
+    manifest: versions.Manifest, flavor: str, pcluster_version: str, base_os: str = "ubuntu22.04"
+) -> dict[str, str]:
     """Tags gpuforge asks Packer to put on the image (the template adds provenance and the source AMI)."""
     tags = manifest.image_tags()
     if flavor == "pcluster":
@@ -69,7 +72,7 @@ def flavor_tags(manifest: versions.Manifest, flavor: str, pcluster_version: str)
             {
                 "parallelcluster:version": pcluster_version,
                 "parallelcluster:build_status": "available",
-                "parallelcluster:os": PCLUSTER_OS,
+                "parallelcluster:os": PCLUSTER_OSES[base_os],
             }
         )
     return tags
@@ -81,7 +84,9 @@ class BakeOptions:
     region: str | None = None
     instance_type: str = "g5.2xlarge"
     base_ami: str | None = None
-    base_parameter: str = images.DLAMI_PARAMETER
+    # None: the public parameter of base_os's Deep Learning Base OSS Nvidia Driver GPU AMI.
+    base_parameter: str | None = None
+    base_os: str = "ubuntu22.04"
     base_owner: str = images.AMAZON_OWNER
     pcluster_version: str | None = None
     subnet_id: str = ""
@@ -90,12 +95,17 @@ class BakeOptions:
     root_volume_size_gib: int = 100
     extra_vars_file: Path | None = None
     work_dir: Path | None = None
+    # The instance types the image is for (None: the flavor's default, targets.DEFAULT_TARGETS).
+    # Hardware-dependent installs follow them, never the builder's instance_type.
+    target_instance_types: tuple[str, ...] | None = None
     # Regions Packer copies the image to (ami_regions); the copies carry the same tags.
     ami_regions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.flavor not in images.FLAVORS:
             raise UserError(f"unknown flavor {self.flavor!r}; choose one of {', '.join(images.FLAVORS)}")
+        if self.base_os not in images.BASE_OSES:
+            raise UserError(f"unknown base OS {self.base_os!r}; choose one of {', '.join(images.BASE_OSES)}")
         if len(set(self.ami_regions)) != len(self.ami_regions) or self.the_region in self.ami_regions:
             raise UserError(
                 f"--copy-region must name distinct regions other than the build region {self.the_region}"
@@ -110,6 +120,14 @@ class BakeOptions:
     @property
     def the_pcluster_version(self) -> str:
         return self.pcluster_version or installed_pcluster_version()
+
+    @property
+    def the_target_names(self) -> tuple[str, ...]:
+        return self.target_instance_types or targets.DEFAULT_TARGETS[self.flavor]
+
+    def resolve_targets(self, manifest: versions.Manifest) -> targets.Targets:
+        """The checked targets; refuses (UserError naming the type) before anything is launched."""
+        return targets.resolve(self.the_target_names, manifest)
 
 
 @dataclass(frozen=True)
@@ -143,22 +161,30 @@ def resolve_base(options: BakeOptions) -> images.Image:
         options.flavor,
         options.the_region,
         pcluster_version=options.the_pcluster_version,
-        parameter=options.base_parameter,
+        parameter=options.base_parameter or images.DLAMI_PARAMETERS[options.base_os],
         owner=options.base_owner,
+        base_os=options.base_os,
     )
 
 
-def _tags(options: BakeOptions, manifest: versions.Manifest) -> dict[str, str]:
+def _tags(
+    options: BakeOptions, manifest: versions.Manifest, image_targets: targets.Targets
+) -> dict[str, str]:
     pcluster_version = options.the_pcluster_version if options.flavor == "pcluster" else ""
-    tags = flavor_tags(manifest, options.flavor, pcluster_version)
+    tags = flavor_tags(manifest, options.flavor, pcluster_version, options.base_os)
+    tags.update(image_targets.tags())
     if options.ami_regions:
         # Where the copies are, so that prune retires them with the original (images.COPY_REGIONS_TAG).
         tags[images.COPY_REGIONS_TAG] = ",".join(options.ami_regions)
     return tags
 
 
-def _common_variables(options: BakeOptions, run: Run, tags: dict[str, str]) -> dict[str, Any]:
+def _common_variables(
+    options: BakeOptions, run: Run, tags: dict[str, str], image_targets: targets.Targets
+) -> dict[str, Any]:
     return {
+        "target_instance_types": list(image_targets.names),
+        "base_os": options.base_os,
         "repo_root": str(paths.share_root()),
         "flavor": options.flavor,
         "git_revision": git_revision(),
@@ -267,11 +293,12 @@ def bake_aws(options: BakeOptions) -> images.Image:
     """Bake and register one golden AMI; return it, available and IMDSv2-only."""
     region = options.the_region
     manifest = versions.load()
+    image_targets = options.resolve_targets(manifest)
     base = resolve_base(options)
-    tags = _tags(options, manifest)
+    tags = _tags(options, manifest, image_targets)
     run = Run.new(options.work_dir)
     variables = {
-        **_common_variables(options, run, tags),
+        **_common_variables(options, run, tags, image_targets),
         "region": region,
         "source_ami": base.id,
         "instance_type": options.instance_type,
@@ -339,9 +366,10 @@ def bake_local(options: BakeOptions, target: LabTarget) -> Path:
     so its SSH keys are gone afterwards, exactly as in an image).
     """
     manifest = versions.load()
+    image_targets = options.resolve_targets(manifest)
     run = Run.new(options.work_dir)
     variables = {
-        **_common_variables(options, run, _tags(options, manifest)),
+        **_common_variables(options, run, _tags(options, manifest, image_targets), image_targets),
         "lab_host": target.ip,
         "lab_username": target.user,
         "lab_private_key_file": target.key,

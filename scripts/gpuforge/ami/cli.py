@@ -9,12 +9,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpuforge import aws, versions
+from gpuforge import aws, targets, versions
 from gpuforge.ami import bake, iam, images, prune, publish, references
 from gpuforge.cliargs import nonempty, positive_int
 from gpuforge.errors import UserError
 
 LOG = logging.getLogger(__name__)
+_DEFAULT_TARGETS_HELP = "; ".join(
+    f"{flavor}: {','.join(names)}" for flavor, names in targets.DEFAULT_TARGETS.items()
+)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -53,12 +56,30 @@ def _add_publish(parser: argparse.ArgumentParser) -> None:
 def _add_bake(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
     _add_publish(parser)
-    parser.add_argument("--instance-type", default="g5.2xlarge", help="builder instance type")
+    parser.add_argument(
+        "--instance-type",
+        default="g5.2xlarge",
+        help="builder instance type (only decides what the bake can check, never what it installs)",
+    )
+    parser.add_argument(
+        "--target-instance-types",
+        type=targets.parse,
+        metavar="TYPE[,TYPE...]",
+        help="instance types the image is for; they decide the hardware-specific installs "
+        f"(default per flavor: {_DEFAULT_TARGETS_HELP})",
+    )
     parser.add_argument("--base-ami", help="bake on this AMI instead of resolving the newest base")
     parser.add_argument(
+        "--base-os",
+        choices=images.BASE_OSES,
+        default="ubuntu22.04",
+        help="Ubuntu release of the base image (the Deep Learning Base OSS Nvidia Driver GPU AMI, "
+        "or the ParallelCluster AMI for --flavor pcluster)",
+    )
+    parser.add_argument(
         "--base-parameter",
-        default=images.DLAMI_PARAMETER,
-        help="SSM parameter naming the DLAMI base (default: the public Deep Learning Base GPU AMI one)",
+        help="SSM parameter naming the DLAMI base (default: the public Deep Learning Base OSS Nvidia Driver "
+        "GPU AMI parameter of --base-os)",
     )
     parser.add_argument(
         "--base-owner", default=images.AMAZON_OWNER, help="owner of the ParallelCluster base AMI"
@@ -180,6 +201,7 @@ def _options(args: argparse.Namespace) -> bake.BakeOptions:
         instance_type=args.instance_type,
         base_ami=args.base_ami,
         base_parameter=args.base_parameter,
+        base_os=args.base_os,
         base_owner=args.base_owner,
         pcluster_version=args.pcluster_version,
         subnet_id=args.subnet_id,
@@ -188,6 +210,7 @@ def _options(args: argparse.Namespace) -> bake.BakeOptions:
         root_volume_size_gib=args.root_volume_size,
         extra_vars_file=args.extra_vars,
         work_dir=args.work_dir,
+        target_instance_types=args.target_instance_types,
         ami_regions=tuple(args.copy_region),
     )
 

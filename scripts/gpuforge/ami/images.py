@@ -26,18 +26,28 @@ BUILD_TIME_TAG = "gpuforge:build-time"
 # Comma-separated regions a bake copied the image to (Packer's ami_regions); every copy carries it too.
 COPY_REGIONS_TAG = "gpuforge:copy-regions"
 
-# The public SSM parameter AWS keeps pointed at the newest Ubuntu 22.04 Deep Learning Base GPU AMI.
-DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-# The packer fallback filter for the same image (packer/variables.pkr.hcl default).
-DLAMI_NAME_FILTER = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
+# The supported bases: the Deep Learning Base OSS Nvidia Driver GPU AMI on Ubuntu 22.04 (default)
+# and 24.04. AWS keeps a public SSM parameter pointed at the newest of each (DLAMI release notes).
+BASE_OSES = ("ubuntu22.04", "ubuntu24.04")
+_DLAMI_PARAMETER_PREFIX = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-"
+DLAMI_PARAMETERS = {
+    "ubuntu22.04": _DLAMI_PARAMETER_PREFIX + "ubuntu-22.04/latest/ami-id",
+    "ubuntu24.04": _DLAMI_PARAMETER_PREFIX + "ubuntu-24.04/latest/ami-id",
+}
+DLAMI_PARAMETER = DLAMI_PARAMETERS["ubuntu22.04"]
+# The packer fallback filters for the same images (local.dlami_name_filters in packer/gpuforge.pkr.hcl).
+DLAMI_NAME_FILTERS = {
+    base_os: f"Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu {base_os[6:]}) *" for base_os in BASE_OSES
+}
+DLAMI_NAME_FILTER = DLAMI_NAME_FILTERS["ubuntu22.04"]
 AMAZON_OWNER = "amazon"
 # Instances in these states keep their AMI in use (a stopped instance can be started again).
 _LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
-def pcluster_name_filter(pcluster_version: str) -> str:
-    """Name pattern of the official ParallelCluster Ubuntu 22.04 x86_64 AMIs of one release."""
-    return f"aws-parallelcluster-{pcluster_version}-ubuntu-2204-lts-hvm-x86_64*"
+def pcluster_name_filter(pcluster_version: str, base_os: str = "ubuntu22.04") -> str:
+    """Name pattern of the official ParallelCluster Ubuntu x86_64 AMIs of one release."""
+    return f"aws-parallelcluster-{pcluster_version}-ubuntu-{base_os[6:].replace('.', '')}-lts-hvm-x86_64*"
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,7 @@ def resolve_base(
     pcluster_version: str,
     parameter: str = DLAMI_PARAMETER,
     owner: str = AMAZON_OWNER,
+    base_os: str = "ubuntu22.04",
 ) -> Image:
     """The base AMI to bake on: the DLAMI from its public SSM parameter, or the newest official
     ParallelCluster AMI of pcluster_version by name with an explicit owner."""
@@ -110,7 +121,7 @@ def resolve_base(
         ami_id = _ssm_value(parameter, region)
         image = describe(ami_id, region)
     elif flavor == "pcluster":
-        pattern = pcluster_name_filter(pcluster_version)
+        pattern = pcluster_name_filter(pcluster_version, base_os)
         found = newest(
             _describe(
                 _ec2(region),

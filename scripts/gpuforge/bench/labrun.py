@@ -214,3 +214,40 @@ def restart_host(name: str, host_name: str) -> None:
     node.pid = host.boot(lab, node, root)
     state.save(lab)
     host.wait_ssh(lab, node)
+
+
+def _in_host(name: str, host_name: str, *command: str) -> subprocess.CompletedProcess[str]:
+    """Run a command inside a running host's namespaces from the control host (not over SSH)."""
+    _, node = _host_state(name, host_name)
+    if not (node.pid and system.pid_alive(node.pid, node.netns)):
+        raise UserError(f"host {host_name} is not running")
+    children = Path(f"/proc/{node.pid}/task/{node.pid}/children").read_text().split()
+    if not children:
+        raise ExternalError(f"host {host_name}: systemd-nspawn (pid {node.pid}) has no container init")
+    nsenter = ["nsenter", "--target", children[0], "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
+    return subprocess.run([*nsenter, *command], capture_output=True, text=True, check=False, timeout=60)
+
+
+def stop_sshd(name: str, host_name: str) -> None:
+    """Stop the host's SSH daemon and end its sessions; the host itself keeps running.
+
+    The listener goes (`systemctl stop ssh`) and so do the per-connection sshd processes that
+    Debian's unit leaves behind (KillMode=process), so open ControlMaster connections drop too:
+    every new SSH connection is refused, as on a node whose sshd died.
+    """
+    stopped = _in_host(name, host_name, "systemctl", "stop", "ssh.service", "ssh.socket")
+    if stopped.returncode != 0:
+        raise ExternalError(f"host {host_name}: systemctl stop ssh failed: {stopped.stderr.strip()}")
+    # pkill exits 1 when no session was left: nothing to end.
+    killed = _in_host(name, host_name, "pkill", "-KILL", "-x", "sshd")
+    if killed.returncode not in (0, 1):
+        raise ExternalError(f"host {host_name}: pkill sshd failed: {killed.stderr.strip()}")
+
+
+def start_sshd(name: str, host_name: str) -> None:
+    """Start the host's SSH daemon again (after stop_sshd) and wait until it answers."""
+    started = _in_host(name, host_name, "systemctl", "start", "ssh.service")
+    if started.returncode != 0:
+        raise ExternalError(f"host {host_name}: systemctl start ssh failed: {started.stderr.strip()}")
+    lab, node = _host_state(name, host_name)
+    host.wait_ssh(lab, node)

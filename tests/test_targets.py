@@ -1,0 +1,209 @@
+"""Target instance types: the facts in data/instance_types.yml, gpuforge.targets, and the same
+decisions taken by roles/gpuforge_common (targets.yml) and roles/nvidia_driver's defaults.
+
+The Ansible half runs in one check-mode play on the control host (tests/localplay.py): a builder
+that is a g5.2xlarge (no NVSwitch) baking for p5.48xlarge must still get the fabric manager.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge import instance_types, targets, versions
+from gpuforge.errors import UserError
+from localplay import REPO, record, run_cases
+
+CURRENT = versions.load()
+
+
+def _pins(**versions_by_component: str) -> versions.Manifest:
+    components = {name: dict(fields) for name, fields in CURRENT.components.items()}
+    for name, version in versions_by_component.items():
+        components[name]["version"] = version
+    return versions.Manifest(components)
+
+
+# Pins that serve B200 (driver 570.133.20+, CUDA 12.8+, aws-ofi-nccl 1.17.0+, NCCL 2.28.3+).
+BLACKWELL_PINS = {"nvidia_driver": "580.95.05", "cuda": "13.0", "aws_ofi_nccl": "1.17.0", "nccl": "2.28.3"}
+# Pins too old for B200: R535 and CUDA 12.2, as gpuforge pinned before the Blackwell types.
+OLD_PINS = {"nvidia_driver": "535.261.03", "cuda": "12.2", "aws_ofi_nccl": "1.16.3", "nccl": "2.21.5"}
+
+
+def test_parse_keeps_order_drops_blanks_and_duplicates() -> None:
+    assert targets.parse(" p5.48xlarge, p5en.48xlarge,,p5.48xlarge ") == ("p5.48xlarge", "p5en.48xlarge")
+    with pytest.raises(UserError, match="at least one instance type"):
+        targets.parse(" , ")
+
+
+def test_nvswitch_targets_need_the_fabric_manager_whatever_the_builder() -> None:
+    resolved = targets.resolve(["p5.48xlarge", "p5en.48xlarge"], _pins(**OLD_PINS))
+    assert resolved.nvswitch and not resolved.nvlink_subnet_manager
+    assert resolved.tags() == {"gpuforge:target-instance-types": "p5.48xlarge,p5en.48xlarge"}
+    assert resolved.ansible_vars() == {"gpuforge_target_instance_types": ["p5.48xlarge", "p5en.48xlarge"]}
+    assert not targets.resolve(["g6e.48xlarge", "p5.4xlarge"], _pins(**OLD_PINS)).nvswitch
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("p9.fake", "unknown instance type 'p9.fake'; known types:"),
+        ("p6e-gb200.36xlarge", "instance type 'p6e-gb200.36xlarge' is not supported: arm64"),
+        ("g7e.48xlarge", "instance type 'g7e.48xlarge' is not supported: RTX PRO Server 6000"),
+    ],
+)
+def test_unknown_or_unsupported_target_is_refused_by_name(name: str, message: str) -> None:
+    with pytest.raises(UserError, match=message.replace(".", r"\.")):
+        targets.resolve(["p5.48xlarge", name], _pins(**BLACKWELL_PINS))
+
+
+def test_driver_branch_must_support_every_target_gpu() -> None:
+    with pytest.raises(UserError) as caught:
+        targets.resolve(["p5.48xlarge", "p6-b200.48xlarge"], _pins(**OLD_PINS))
+    text = str(caught.value)
+    assert "p6-b200.48xlarge: the pinned driver 535.261.03 does not support its B200" in text
+    assert "it needs 570.133.20 or later" in text
+    assert "p6-b200.48xlarge: the pinned CUDA 12.2 does not support its B200" in text
+    assert "p6-b200.48xlarge: the pinned aws_ofi_nccl 1.16.3 is older than the 1.17.0" in text
+    assert "p6-b200.48xlarge: the pinned nccl 2.21.5 is older than the 2.28.3" in text
+    assert "p5.48xlarge:" not in text
+
+
+def test_blackwell_pins_serve_p6_b200_with_the_nvlink_subnet_manager() -> None:
+    resolved = targets.resolve(["p6-b200.48xlarge"], _pins(**BLACKWELL_PINS))
+    assert resolved.nvswitch and resolved.nvlink_subnet_manager
+
+
+def test_p6_b200_settings_are_what_the_aws_ofi_nccl_plugin_sets() -> None:
+    """aws-ofi-nccl src/platform-aws.cpp (v1.17.0 to v1.21.x), platform entry "p5en/p6-b200":
+    its env block, and NCCL_NETDEVS_POLICY exists from NCCL v2.28.3 on (same file's notes)."""
+    facts = instance_types.get("p6-b200.48xlarge")
+    assert facts.aws_ofi_nccl is not None
+    assert facts.aws_ofi_nccl.env == {
+        "NCCL_BUFFSIZE": "8388608",
+        "NCCL_P2P_NET_CHUNKSIZE": "524288",
+        "NCCL_NVLSTREE_MAX_CHUNKSIZE": "524288",
+        "NCCL_NVLS_CHUNKSIZE": "524288",
+        "NCCL_NET_FORCE_FLUSH": "0",
+        "NCCL_NETDEVS_POLICY": "max:1",
+    }
+    assert (facts.aws_ofi_nccl.min_version, facts.aws_ofi_nccl.min_nccl) == ("1.17.0", "2.28.3")
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "model", "memory", "efa", "gbps", "nvswitch"),
+    [
+        # AWS, "Specifications for Amazon EC2 accelerated computing instances".
+        ("p6-b200.48xlarge", 8, "B200", 179, 8, 3200, True),
+        ("p5.4xlarge", 1, "H100", 80, 1, 100, False),
+        ("p5en.48xlarge", 8, "H200", 141, 16, 3200, True),
+        ("p4de.24xlarge", 8, "A100", 80, 4, 400, True),
+        ("g6e.8xlarge", 1, "L40S", 44, 1, 25, False),
+        ("g6e.12xlarge", 4, "L40S", 44, 1, 100, False),
+        ("g6e.16xlarge", 1, "L40S", 44, 1, 35, False),
+        ("g6e.24xlarge", 4, "L40S", 44, 2, 200, False),
+        ("g6e.48xlarge", 8, "L40S", 44, 4, 400, False),
+        ("g6.8xlarge", 1, "L4", 22, 1, 25, False),
+        ("gr6.8xlarge", 1, "L4", 22, 1, 25, False),
+    ],
+)
+def test_instance_type_rows_match_aws_tables(
+    name: str, gpus: int, model: str, memory: int, efa: int, gbps: int, nvswitch: bool
+) -> None:
+    facts = instance_types.get(name)
+    assert (facts.gpus, facts.gpu_model, facts.gpu_memory_gib) == (gpus, model, memory)
+    assert (facts.efa_interfaces, facts.network_gbps, facts.nvswitch) == (efa, gbps, nvswitch)
+
+
+def test_every_gpu_type_names_a_known_gpu_model_and_no_type_is_both_supported_and_not() -> None:
+    cat = instance_types.catalog()
+    for facts in cat.types.values():
+        if facts.gpus:
+            assert facts.gpu_model in cat.gpu_models, facts.name
+        assert facts.nvswitch or not facts.nvlink_subnet_manager, facts.name
+    assert not set(cat.types) & set(cat.unsupported)
+
+
+# ---- the same decisions in Ansible ------------------------------------------------------------
+
+# case -> (builder instance type, targets, pins) ; pins None = versions.yml as it is.
+CASES: dict[str, tuple[str, list[str] | str, dict[str, str]]] = {
+    "g5-builder-for-p5": ("g5.2xlarge", ["p5.48xlarge"], OLD_PINS),
+    "g5-builder-for-g6e": ("g5.2xlarge", "g6e.48xlarge, p5.4xlarge", OLD_PINS),
+    "fleet-node-own-type": ("p4d.24xlarge", [], OLD_PINS),
+    "unknown": ("g5.2xlarge", ["p9.fake"], BLACKWELL_PINS),
+    "unsupported": ("g5.2xlarge", ["p6e-gb200.36xlarge"], BLACKWELL_PINS),
+    "b200-old-pins": ("g5.2xlarge", ["p6-b200.48xlarge"], OLD_PINS),
+    "b200-new-pins": ("g5.2xlarge", ["p6-b200.48xlarge"], BLACKWELL_PINS),
+}
+
+
+def _versions_file(directory: Path, pins: dict[str, str]) -> Path:
+    data = yaml.safe_load((REPO / "versions.yml").read_text())
+    for name, version in pins.items():
+        data["gpuforge_versions"][name]["version"] = version
+    path = directory / "versions.yml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ansible_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("targets")
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for case, (builder, names, pins) in CASES.items():
+        directory = out / case
+        directory.mkdir()
+        cases[case] = [
+            {
+                "ansible.builtin.include_role": {"name": "gpuforge.gpu.gpuforge_common"},
+                "vars": {
+                    "gpuforge_instance_type": builder,
+                    "gpuforge_target_instance_types": names,
+                    "gpuforge_common_versions_file": str(_versions_file(directory, pins)),
+                    "gpuforge_common_config_dir": str(directory / "etc"),
+                },
+            },
+            # nvidia_driver's own defaults, evaluated on what gpuforge_common published.
+            {"ansible.builtin.include_vars": {"file": str(REPO / "roles/nvidia_driver/defaults/main.yml")}},
+            record(
+                case,
+                {
+                    "targets": "{{ gpuforge_targets }}",
+                    "fabricmanager": "{{ nvidia_driver_fabricmanager_enabled | bool }}",
+                    "nvlsm": "{{ nvidia_driver_nvlsm_enabled | bool }}",
+                },
+            ),
+        ]
+    return run_cases(out, cases, {"gpuforge_common_imds_enabled": False})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_ansible_and_python_take_the_same_decision(ansible_results: dict[str, Any], case: str) -> None:
+    builder, names, pins = CASES[case]
+    result = ansible_results[case]
+    wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else names or [builder]
+    try:
+        resolved = targets.resolve(wanted, _pins(**pins))
+    except UserError as exc:
+        # Refused in both, naming the type.
+        assert isinstance(result, str), result
+        assert wanted[0] in result and wanted[0] in str(exc)
+        return
+    assert result["targets"] == list(resolved.names)
+    assert result["fabricmanager"] is resolved.nvswitch
+    assert result["nvlsm"] is resolved.nvlink_subnet_manager
+
+
+@pytest.mark.slow
+def test_a_g5_builder_baking_for_p5_installs_the_fabric_manager(ansible_results: dict[str, Any]) -> None:
+    assert ansible_results["g5-builder-for-p5"]["fabricmanager"] is True
+    assert ansible_results["g5-builder-for-g6e"]["fabricmanager"] is False
+    assert ansible_results["b200-new-pins"]["nvlsm"] is True
+    assert "unknown target instance type p9.fake" in ansible_results["unknown"]
+    assert "p6e-gb200.36xlarge is not supported: arm64" in ansible_results["unsupported"]
+    assert "p6-b200.48xlarge: the pinned driver 535.261.03" in ansible_results["b200-old-pins"]
