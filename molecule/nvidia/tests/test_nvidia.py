@@ -217,7 +217,7 @@ def test_dcgm_exporter_binary_is_the_verified_artifact(host):
     """The exporter binary is the artifact whose sha256 the role verified, root-owned and executable."""
     binary = host.file("/usr/local/bin/dcgm-exporter")
     assert (binary.user, binary.group) == ("root", "root") and binary.mode == 0o755
-    fixture = SCENARIO / "files" / "dcgm-exporter-fixture"
+    fixture = SCENARIO.parent.parent / "tests/fixtures/nvidia/files/dcgm-exporter-fixture"
     assert binary.sha256sum == hashlib.sha256(fixture.read_bytes()).hexdigest()
 
 
