@@ -837,3 +837,16 @@ def test_the_instance_type_comes_from_imds_at_run_time(config: dict[str, Any], i
     # IMDS unreachable: the recorded type, not a failure to start.
     config.update(imds=True, imds_endpoint="http://127.0.0.1:9")
     assert HEALTH.resolve_instance_type(config) == "p5.48xlarge"
+
+
+def test_every_gpu_model_and_rdma_type_has_its_expectation() -> None:
+    """A GPU model without a PCIe expectation, or a GPUDirect type that is not a known GPU type, would
+    make those checks report skipped on real nodes: every model in data/instance_types.yml has one."""
+    defaults = yaml.safe_load((REPO / "roles" / "health" / "defaults" / "main.yml").read_text())
+    models = {spec["gpu_model"] for spec in INSTANCE_TYPES.values() if spec.get("gpu_model")}
+    assert models <= set(defaults["health_pcie_by_gpu_model"]), models - set(
+        defaults["health_pcie_by_gpu_model"]
+    )
+    rdma = set(defaults["health_gpudirect_rdma_types"])
+    assert rdma <= set(INSTANCE_TYPES)
+    assert "p6-b200.48xlarge" in rdma
