@@ -126,7 +126,6 @@ def test_malformed_driver_version_fails_validation(host):
     assert host.package("nvidia-smi").version == DEB_VERSION
 
 
-
 def test_wrong_exporter_checksum_keeps_the_verified_binary(host):
     """A dcgm-exporter artifact whose sha256 differs from the pin is refused; the binary is unchanged."""
     before = host.file("/usr/local/bin/dcgm-exporter").sha256sum
