@@ -126,26 +126,6 @@ def test_malformed_driver_version_fails_validation(host):
     assert host.package("nvidia-smi").version == DEB_VERSION
 
 
-def test_pin_below_the_installed_release_is_refused(host):
-    """A pin older than the installed toolkit, which the policy may not adopt (floor raised above it),
-    stops with both releases named; nothing is downgraded."""
-    output = _play(
-        "role.yml",
-        {
-            "negative_role": "nvidia_container_toolkit",
-            "nvidia_container_toolkit_version": "1.17.8",
-            "nvidia_container_toolkit_package_version": "1.17.8-1",
-            "nvidia_container_toolkit_floor": "1.99.0",
-        },
-    )
-    installed = PINS["nvidia_container_toolkit"]["version"]
-    message = " ".join(output.split())
-    assert f"installed {installed} is below the floor 1.99.0, and the pin 1.17.8 is older" in message
-    assert "gpuforge_common_allow_downgrade" in output
-    pinned = PINS["nvidia_container_toolkit"]["package_version"]
-    assert host.package("nvidia-container-toolkit").version == pinned
-
-
 def test_wrong_exporter_checksum_keeps_the_verified_binary(host):
     """A dcgm-exporter artifact whose sha256 differs from the pin is refused; the binary is unchanged."""
     before = host.file("/usr/local/bin/dcgm-exporter").sha256sum
