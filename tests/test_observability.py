@@ -146,7 +146,11 @@ MUTATIONS = [
     ("GPUXidHardware list", "or DCGM_FI_DEV_XID_ERRORS == 79\n", "\n"),
     ("GPUXidApplication unless", "unless (", "and ("),
     ("GPUExporterDown job", 'up{job="dcgm-exporter", instance_type=~', "up{instance_type=~"),
-    ("GPUExporterDown GPU types only", 'instance_type=~"(p|g|gr)[0-9][a-z0-9-]*[.].+"', 'instance_type=~".+"'),
+    (
+        "GPUExporterDown GPU types only",
+        'instance_type=~"(p|g|gr)[0-9][a-z0-9-]*[.].+"',
+        'instance_type=~".+"',
+    ),
     ("GPURowRemapFailure", "DCGM_FI_DEV_ROW_REMAP_FAILURE > 0", "DCGM_FI_DEV_ROW_REMAP_FAILURE > 1"),
     ("GPUUncorrectableECC", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 5"),
     ("NVLinkErrors recovery", "RECOVERY_ERROR_COUNT_TOTAL[10m]) > 0", "RECOVERY_ERROR_COUNT_TOTAL[10m]) > 1"),

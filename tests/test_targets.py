@@ -7,6 +7,7 @@ that is a g5.2xlarge (no NVSwitch) baking for p5.48xlarge must still get the fab
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,9 @@ CASES: dict[str, tuple[str, list[str] | str, dict[str, str]]] = {
     "b200-old-pins": ("g5.2xlarge", ["p6-b200.48xlarge"], OLD_PINS),
     "b200-new-pins": ("g5.2xlarge", ["p6-b200.48xlarge"], BLACKWELL_PINS),
 }
+# Fleet nodes booted from an image: no targets given, the node's manifest records the image's.
+RECORDED = {"g5-node-of-a-p5-image": ["p5.48xlarge", "p5en.48xlarge"]}
+CASES["g5-node-of-a-p5-image"] = ("g5.2xlarge", [], OLD_PINS)
 
 
 def _versions_file(directory: Path, pins: dict[str, str]) -> Path:
@@ -159,6 +163,16 @@ def ansible_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for case, (builder, names, pins) in CASES.items():
         directory = out / case
         directory.mkdir()
+        if case in RECORDED:
+            (directory / "etc").mkdir()
+            manifest = {
+                "schema": 2,
+                "versions_hash": "",
+                "pins": {},
+                "installed": {},
+                "targets": RECORDED[case],
+            }
+            (directory / "etc" / "manifest.json").write_text(json.dumps(manifest))
         cases[case] = [
             {
                 "ansible.builtin.include_role": {"name": "gpuforge.gpu.gpuforge_common"},
@@ -188,7 +202,11 @@ def ansible_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_ansible_and_python_take_the_same_decision(ansible_results: dict[str, Any], case: str) -> None:
     builder, names, pins = CASES[case]
     result = ansible_results[case]
-    wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else names or [builder]
+    wanted = (
+        [n.strip() for n in names.split(",")]
+        if isinstance(names, str)
+        else names or RECORDED.get(case, [builder])
+    )
     try:
         resolved = targets.resolve(wanted, _pins(**pins))
     except UserError as exc:
@@ -206,6 +224,9 @@ def test_a_g5_builder_baking_for_p5_installs_the_fabric_manager(ansible_results:
     assert ansible_results["g5-builder-for-p5"]["fabricmanager"] is True
     assert ansible_results["g5-builder-for-g6e"]["fabricmanager"] is False
     assert ansible_results["b200-new-pins"]["nvlsm"] is True
+    # A converge on a node of a p5 image keeps the image's targets (and so its fabric manager).
+    assert ansible_results["g5-node-of-a-p5-image"]["targets"] == RECORDED["g5-node-of-a-p5-image"]
+    assert ansible_results["g5-node-of-a-p5-image"]["fabricmanager"] is True
     assert "unknown target instance type p9.fake" in ansible_results["unknown"]
     assert "p6e-gb200.36xlarge is not supported: arm64" in ansible_results["unsupported"]
     assert "p6-b200.48xlarge: the pinned driver 535.261.03" in ansible_results["b200-old-pins"]
