@@ -15,18 +15,14 @@ from gpuforge.ami import images, prune, publish
 from gpuforge.ami.references import Sources
 from gpuforge.errors import UserError
 from gpuforge.lab.moto import MotoServer
+from imagetools import baked_image
 
 SOURCE = "ami-785db401"  # one of moto's built-in public images
 
 
 def _bake_like(flavor: str, name: str) -> str:
     """Register an image the way a bake leaves it: created from an instance, tagged, builder gone."""
-    ec2 = boto3.client("ec2")
-    instance = ec2.run_instances(ImageId=SOURCE, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
-    ami = str(ec2.create_image(InstanceId=instance, Name=name)["ImageId"])
-    ec2.create_tags(Resources=[ami], Tags=[{"Key": images.FLAVOR_TAG, "Value": flavor}])
-    ec2.terminate_instances(InstanceIds=[instance])
-    return ami
+    return baked_image(flavor, name, tags={images.FLAVOR_TAG: flavor})
 
 
 @pytest.fixture

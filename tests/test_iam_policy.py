@@ -113,14 +113,10 @@ def test_client_records_each_call_with_its_caller(
     assert entries == [{"action": "ec2:DescribeImages", "caller": "gpuforge.ami.images"}]
 
 
-def _bake_like(flavor: str, name: str) -> str:
-    # Tagged as a bake tags it: publish refuses an image without gpuforge's tags (gpuforge.ami.fitness).
-    return baked_image(flavor, name)
-
-
 def test_pipeline_commands_on_moto_call_only_granted_actions(aws: MotoServer, tmp_path: Path) -> None:
     """publish and prune as the scheduled job runs them, each a separate process."""
-    amis = [_bake_like("pcluster", f"gpuforge-pcluster-{n}") for n in range(3)]
+    # Tagged as a bake tags it: publish refuses an image without gpuforge's tags (gpuforge.ami.fitness).
+    amis = [baked_image("pcluster", f"gpuforge-pcluster-{n}") for n in range(3)]
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, gpuforge_aws.CALL_LOG_ENV: str(log)}
     commands = [
