@@ -96,6 +96,7 @@ def test_every_role_playbook_and_data_file_is_in_the_collection(built: Path) -> 
         "meta/runtime.yml",
         "versions.yml",
         "data/instance_types.yml",
+        "data/aws_ofi_nccl.yml",
         "plugins/lookup/data_file.py",
         "plugins/inventory/ec2_fleet.py",
         "playbooks/drift.yml",
