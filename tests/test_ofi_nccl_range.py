@@ -170,3 +170,47 @@ def in_use(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.parametrize("case", list(IN_USE_CASES))
 def test_nccl_checks_against_the_plugin_in_use(in_use: dict[str, Any], case: str) -> None:
     assert in_use[case] == IN_USE_CASES[case][-1]
+
+
+# The NCCL the nccl role installs must be inside the range of the plugin in use
+# (roles/nccl/tasks/pair_check.yml as shipped): case -> (plugin in use, policy action, NCCL after the run)
+PAIR_CASES: dict[str, tuple[str, str, str]] = {
+    "pin-inside-the-pinned-plugin": ("1.21.1", "install", "2.30.7"),
+    "pin-beyond-an-older-plugin": ("1.19.2", "install", "2.30.7"),
+    "plugin-older-than-every-row": ("1.13.2", "install", "2.30.7"),
+    "downgrade-checked-too": ("1.19.2", "downgrade", "2.30.7"),
+    # An adopted or kept NCCL passed the range when it was adopted.
+    "adopted-not-checked-again": ("1.19.2", "adopt", "2.30.7"),
+    "kept-not-checked-again": ("1.21.1", "keep", "2.30.7"),
+}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for case, (plugin, action, version) in PAIR_CASES.items():
+        cases[case] = [
+            {
+                "ansible.builtin.set_fact": {
+                    "gpuforge_ofi_nccl_range": {"plugin": plugin},
+                    "gpuforge_reality": {"nccl": {"action": action, "version": version}},
+                }
+            },
+            {"ansible.builtin.include_tasks": str(REPO / "roles/nccl/tasks/pair_check.yml")},
+            record(case, "passed"),
+        ]
+    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())
+    return run_cases(
+        tmp_path_factory.mktemp("ofi-nccl-pairs"), cases, {"gpuforge_common_imds_enabled": False, **table}
+    )
+
+
+@pytest.mark.parametrize("case", list(PAIR_CASES))
+def test_nccl_installed_beside_the_plugin_is_a_tested_pair(pairs: dict[str, Any], case: str) -> None:
+    plugin, action, version = PAIR_CASES[case]
+    outside = ofi_nccl.nccl_range(plugin).check(version) if action in ("install", "downgrade") else ""
+    if outside:
+        assert pairs[case] != "passed"
+        assert f"the pinned NCCL {version} is {outside}" in pairs[case]
+    else:
+        assert pairs[case] == "passed"
