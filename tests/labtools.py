@@ -113,14 +113,16 @@ def _playbook_env(env: dict[str, str]) -> dict[str, str]:
     return {**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"}
 
 
-def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
-    """ansible-playbook from the repository root with the lab's environment."""
+def playbook(
+    env: dict[str, str], *args: str, timeout: float = 1500, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook from the repository root (or `cwd`) with the lab's environment."""
     return subprocess.run(
         [str(BIN / "ansible-playbook"), *args],
         capture_output=True,
         text=True,
         check=False,
-        cwd=REPO,
+        cwd=cwd,
         env=_playbook_env(env),
         timeout=timeout,
     )

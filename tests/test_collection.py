@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+import labtools
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir())
@@ -161,21 +163,9 @@ def test_installed_collection_runs_on_a_lab_host(
 ) -> None:
     """Check mode of the installed gpuforge_common role, outside the checkout, on the lab."""
     (outside / "play.yml").write_text(PLAY)
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(REPO / "inventory/aws_ec2.yml"), "--check", "play.yml"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=outside,
-        env={
-            **os.environ,
-            **fleet_lab,
-            "ANSIBLE_CONFIG": str(outside / "ansible.cfg"),
-            "ANSIBLE_FORCE_COLOR": "0",
-            "PATH": f"{BIN}:{os.environ['PATH']}",
-        },
-        timeout=900,
-    )
+    env = {**fleet_lab, "ANSIBLE_CONFIG": str(outside / "ansible.cfg")}
+    inventory = str(REPO / "inventory/aws_ec2.yml")
+    result = labtools.playbook(env, "-i", inventory, "--check", "play.yml", cwd=outside, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     own = installed / "ansible_collections" / GALAXY["namespace"] / GALAXY["name"] / "versions.yml"
     assert result.stdout.count(f"versions file: {own}") == 2, result.stdout[-3000:]
