@@ -128,6 +128,22 @@ def playbook(
     )
 
 
+def inventory_addresses(env: dict[str, str], *args: str) -> dict[str, str]:
+    """Each host of the lab's inventory (`ansible-inventory --list`, cache flushed) and its ansible_host."""
+    out = subprocess.run(
+        [str(BIN / "ansible-inventory"), "--list", "--flush-cache", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env=_playbook_env(env),
+    )
+    hostvars = json.loads(out.stdout)["_meta"]["hostvars"]
+    # ansible-inventory marks values from the cloud as unsafe: {"__ansible_unsafe": "10.213.1.10"}.
+    addresses = {name: v["ansible_host"] for name, v in hostvars.items()}
+    return {name: str(a["__ansible_unsafe"] if isinstance(a, dict) else a) for name, a in addresses.items()}
+
+
 def playbook_interrupted(
     env: dict[str, str], *args: str, at: str, then: Callable[[], None], timeout: float = 1500
 ) -> tuple[int, str]:

@@ -8,8 +8,6 @@ on it dies at once and SSH connections drop, as on a power loss. Needs root, lik
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
 import subprocess
@@ -21,7 +19,7 @@ import pytest
 
 import labtools
 from gpuforge.bench import labrun
-from labtools import BIN, LAB_MARKS, REPO, recap
+from labtools import LAB_MARKS, REPO, recap
 
 LAB = labtools.lab_name("rel")
 EFA_PACKAGES = ("rdma-core", "ibverbs-providers", "libfabric1", "libfabric-bin")
@@ -87,18 +85,7 @@ def env(lab: labrun.Lab, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 @pytest.fixture(scope="module")
 def names(env: dict[str, str]) -> dict[str, str]:
     """Lab host IP -> its inventory hostname (the aws_ec2 plugin's private DNS name)."""
-    out = subprocess.run(
-        [str(BIN / "ansible-inventory"), "--list", "--flush-cache"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-        env={**os.environ, **env},
-    )
-    hostvars = json.loads(out.stdout)["_meta"]["hostvars"]
-    # ansible-inventory marks values from the cloud as unsafe: {"__ansible_unsafe": "10.213.1.10"}.
-    ips = {k: v["ansible_host"] for k, v in hostvars.items()}
-    return {str(ip["__ansible_unsafe"] if isinstance(ip, dict) else ip): k for k, ip in ips.items()}
+    return {ip: name for name, ip in labtools.inventory_addresses(env).items()}
 
 
 def playbook(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
