@@ -7,7 +7,6 @@ lab shares two cores: three bakes side by side take far less than three in a row
 (new host keys, as an instance of the sanitized image gets) and baked once more, which must change
 nothing. Every other assertion reads those two bakes. The cases that need a changed host (a
 component below its floor, a pin below the installed release) run one role, on one twin, after.
-The bake tests are opt-in for now (GPUFORGE_TWIN_BAKE=1, see BAKE_BLOCKED).
 
 Needs root, systemd-nspawn (the lab), gcc, dpkg-deb and packer; CI installs them.
 """
@@ -38,17 +37,8 @@ TWIN_LAB = labtools.lab_name("twin")
 NAMES = twinlab.names()
 # The twin the role-level cases (below the floor, pin below the installed release) change.
 CHANGED_TWIN = "dlami-ubuntu2204"
-# Opt-in until one full run of this module is green (the DLAMI 22.04 twin's bake, its changed=0
-# rerun and the toolkit cases were run by hand; the three side by side, as CI would, not yet).
-# Set GPUFORGE_TWIN_BAKE=1 to run it.
-BAKE_BLOCKED = (
-    ""
-    if os.environ.get("GPUFORGE_TWIN_BAKE") == "1"
-    else "opt-in (GPUFORGE_TWIN_BAKE=1) until one full run of the twin bakes is green"
-)
 needs_bake = pytest.mark.skipif(
-    bool(BAKE_BLOCKED) or shutil.which("packer") is None,
-    reason=BAKE_BLOCKED or "the bake needs packer (apt-get install packer)",
+    shutil.which("packer") is None, reason="the bake needs packer (apt-get install packer)"
 )
 
 pytestmark = [
@@ -94,7 +84,7 @@ def facts(twin: dict[str, Any]) -> dict[str, str]:
     record: twinlab.Twin = twin["record"]
     packages = [
         package
-        for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit")
+        for component in twinlab.PACKAGED
         for package in ((record.component(component) or {}).get("packages") or {})
     ]
     script = "; ".join(
@@ -122,7 +112,7 @@ def test_twin_boots_as_the_recorded_image(twins: dict[str, dict[str, Any]], name
     assert driver is not None and efa is not None
     assert found["smi"] == found["module"] == driver["version"]
     assert found["efa"] == f"# EFA installer version: {efa['version']}"
-    for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit"):
+    for component in twinlab.PACKAGED:
         for package, version in ((record.component(component) or {}).get("packages") or {}).items():
             assert found[f"pkg:{package}"] == version
     pcluster = record.parallelcluster
@@ -270,7 +260,7 @@ def test_bake_changes_no_recorded_component_at_or_above_its_floor(
     assert result["touched"] == []
     record: twinlab.Twin = twins[name]["record"]
     policy = versions.load().components
-    for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit"):
+    for component in twinlab.PACKAGED:
         recorded = record.component(component)
         if recorded is None:
             continue
