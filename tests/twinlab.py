@@ -159,24 +159,21 @@ def _driver(out: Overlay, driver: dict[str, Any] | None, kernel: str, workdir: P
         _script(f'echo "nvidia-persistenced {version} ({MARKER}: no GPU)" >&2\nexit 1\n'),
         0o755,
     )
-    # The runfile installer's own uninstaller and log: what tells a runfile install apart.
+    # The runfile installer's own uninstaller: what tells a runfile install apart. Its log
+    # (/var/log/nvidia-installer.log) is not on the image: an AMI build removes every file under
+    # /var/log (aws-parallelcluster-cookbook files/ami_cleanup.sh), as gpuforge's sanitize.sh does.
     out.add(
         "/usr/bin/nvidia-uninstall",
         _script('echo "nvidia-uninstall (twin): nothing to do" >&2\nexit 1\n'),
         0o755,
-    )
-    out.add(
-        "/var/log/nvidia-installer.log",
-        f"nvidia-installer log file '/var/log/nvidia-installer.log'\n"
-        f"# {MARKER}: recorded runfile install of NVIDIA-Linux-x86_64-{version}.run "
-        f"(kernel modules: {driver['kernel_module']})\n",
     )
     # A module object whose .modinfo carries the version, so `modinfo -F version nvidia` answers
     # as on the real image (lab hosts share the control host's kernel, so no module is loaded).
     source = workdir / "nvidia-modinfo.c"
     fields = {
         "version": version,
-        "license": "Dual MIT/GPL",
+        # The open kernel modules are dual-licensed, the proprietary ones are "NVIDIA".
+        "license": "Dual MIT/GPL" if driver["kernel_module"] == "open" else "NVIDIA",
         "name": "nvidia",
         "description": f"{MARKER} stand-in",
     }
