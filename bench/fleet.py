@@ -13,9 +13,12 @@ site.yml again (the idempotent rerun, which must report changed=0). Configuratio
 
 Every configuration gets its own empty fact cache, so nothing measured leans on an earlier run.
 Hosts start from plain Debian 12 (site.yml installs the whole stack), or with --golden from a
-golden image baked once at the start (`gpuforge bake --local --save-image`; not part of the
-figures, bench/readiness.py times it): the production shape, where ParallelCluster starts every
-node from the golden AMI and site.yml then configures it.
+golden image baked once at the start (`gpuforge bake --local --save-image`, for the lab's head and
+compute instance types; not part of the figures, bench/readiness.py times it): the production
+shape, where ParallelCluster starts every node from the golden AMI and site.yml then configures
+it. Golden hosts take the golden fast path (docs/manifest.md); the "fast path" column counts the
+hosts that did on the rerun. --profile adds ansible.posix.profile_tasks to the rerun and prints
+its slowest tasks (the rerun's time then includes the callback's small overhead).
 Run (as root; labs bench1, bench4, bench16, bench-bake):
   .venv/bin/python bench/fleet.py --nodes 1 4 16 [--golden] [--mitogen]
 """
@@ -65,7 +68,9 @@ def configs(tmp: Path, mitogen: bool) -> dict[str, dict[str, str]]:
     return out
 
 
-def measure(nodes: int, name: str, env: dict[str, str], playbook: Path, image: str | None) -> list[object]:
+def measure(
+    nodes: int, name: str, env: dict[str, str], playbook: Path, image: str | None, profile: bool
+) -> list[object]:
     lab = labrun.up(f"bench{nodes}", nodes, image=image)
     try:
         run_env = {**lab.env(), **env}
@@ -81,10 +86,20 @@ def measure(nodes: int, name: str, env: dict[str, str], playbook: Path, image: s
             [str(BIN / "ansible-playbook"), str(playbook), *SITE_VARS], env=run_env, cwd=REPO, check=False
         )
         hosts1, changed1, bad1 = labrun.recap_totals(out1.stdout)
+        profiled = {
+            "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+            "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "15",
+        }
         rerun, out2 = run_timed(
-            [str(BIN / "ansible-playbook"), str(playbook), *SITE_VARS], env=run_env, cwd=REPO, check=False
+            [str(BIN / "ansible-playbook"), str(playbook), *SITE_VARS],
+            env={**run_env, **(profiled if profile else {})},
+            cwd=REPO,
+            check=False,
         )
         hosts2, changed2, bad2 = labrun.recap_totals(out2.stdout)
+        fast = out2.stdout.count("gpuforge: fast path")
+        if profile:
+            print(f"[{name} x{nodes}] slowest tasks of the rerun:\n{_profile(out2.stdout)}", flush=True)
         for result in (out1, out2):
             if result.returncode != 0:
                 print(
@@ -94,18 +109,26 @@ def measure(nodes: int, name: str, env: dict[str, str], playbook: Path, image: s
     finally:
         labrun.down(lab.name)
     ok = "ok" if (pinged == nodes and hosts1 == hosts2 == nodes and bad1 == bad2 == 0) else "FAILED"
-    return [nodes, name, ping, first, rerun, changed1, changed2, ok]
+    return [nodes, name, ping, first, rerun, changed1, changed2, fast, ok]
+
+
+def _profile(stdout: str) -> str:
+    """profile_tasks' summary: the lines after the last ==== rule that name a task and its seconds."""
+    tail = stdout.rsplit("=" * 20, 1)[-1]
+    return "\n".join(line for line in tail.splitlines() if line.rstrip().endswith("s") and " -" in line)
 
 
 def measure_row(
-    nodes: int, name: str, env: dict[str, str], tmp: Path, playbook: Path, image: str | None
+    nodes: int, name: str, env: dict[str, str], tmp: Path, playbook: Path, image: str | None, profile: bool
 ) -> list[object]:
     facts = tmp / f"facts-{name}-{nodes}"
     try:
-        row = measure(nodes, name, {**env, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts)}, playbook, image)
+        row = measure(
+            nodes, name, {**env, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts)}, playbook, image, profile
+        )
     except ExternalError as exc:
         # Keep the other sizes' figures; say what broke in this row.
-        row = [nodes, name, "-", "-", "-", "-", "-", f"FAILED: {str(exc).splitlines()[-1][:100]}"]
+        row = [nodes, name, "-", "-", "-", "-", "-", "-", f"FAILED: {str(exc).splitlines()[-1][:100]}"]
     print("  " + " ".join(str(c) if not isinstance(c, float) else f"{c:.1f}" for c in row), flush=True)
     return row
 
@@ -122,6 +145,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--golden", action="store_true", help="start every fleet from a golden lab image baked first"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="print the rerun's slowest tasks (ansible.posix.profile_tasks)"
     )
     args = parser.parse_args()
     if args.mitogen and importlib.util.find_spec("ansible_mitogen") is None:
@@ -145,7 +171,7 @@ def main() -> int:
             for nodes in args.nodes:
                 for name, env in configs(tmp, args.mitogen).items():
                     if not args.only or name in args.only:
-                        rows.append(measure_row(nodes, name, env, tmp, args.playbook, image))
+                        rows.append(measure_row(nodes, name, env, tmp, args.playbook, image, args.profile))
         finally:
             if image:
                 labrun.gpuforge("lab", "image", "rm", image)
@@ -161,7 +187,8 @@ def main() -> int:
             f"{ref[4] / r[4]:.2f}x" if ref and isinstance(ref[4], float) and isinstance(r[4], float) else "-"
         )
         floor = f"{r[3] / r[2]:.1f}x" if isinstance(r[2], float) and isinstance(r[3], float) else "-"
-        out_rows.append([*r[:5], ratio_first, ratio_rerun, floor, r[5], r[6], r[7]])
+        rerun_floor = f"{r[4] / r[2]:.1f}x" if isinstance(r[2], float) and isinstance(r[4], float) else "-"
+        out_rows.append([*r[:5], ratio_first, ratio_rerun, floor, rerun_floor, r[5], r[6], r[7], r[8]])
     print(
         table(
             [
@@ -173,8 +200,10 @@ def main() -> int:
                 "speed-up first vs defaults",
                 "speed-up rerun vs defaults",
                 "first / ping",
+                "rerun / ping",
                 "changed (first)",
                 "changed (rerun)",
+                "fast path (rerun)",
                 "result",
             ],
             out_rows,

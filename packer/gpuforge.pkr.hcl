@@ -123,8 +123,11 @@ build {
     user          = source.name == "lab" ? var.lab_username : var.ssh_username
     # The image's target instance types decide every hardware-specific install (fabric manager,
     # NVLink subnet manager); the builder's own hardware only decides what can be checked.
+    # A bake is always a full install: the golden fast path (playbooks/bake.yml) never trusts a
+    # builder's own manifest, even one left by an earlier gpuforge image used as the base.
     extra_arguments = concat([
       "--tags", "install",
+      "-e", "gpuforge_full_install=true",
       "-e", "gpuforge_bake_flavor=${var.flavor}",
       "-e", jsonencode({ gpuforge_target_instance_types = var.target_instance_types }),
     ], local.ansible_extra_vars)

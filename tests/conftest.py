@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import botocore.client
 import pytest
 from botocore.exceptions import ClientError
 
@@ -89,6 +90,20 @@ PlaybookRunner = Callable[..., subprocess.CompletedProcess[str]]
 def run_playbook() -> PlaybookRunner:
     """run_playbook(env, *args): ansible-playbook from the repository root against a lab environment."""
     return labtools.playbook
+
+
+@pytest.fixture
+def no_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Fail any botocore API call (the test stays offline, not even moto); yields the calls tried."""
+    calls: list[str] = []
+
+    def refuse(self: Any, operation: str, params: Any) -> Any:
+        calls.append(operation)
+        raise AssertionError(f"called AWS: {operation}")
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refuse)
+    yield calls
+    assert calls == []
 
 
 @pytest.fixture

@@ -9,13 +9,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,10 @@ def on(lab_name: str, host: str, command: str, *, check: bool = True, timeout: f
     return out.stdout
 
 
+def _playbook_env(env: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
 def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
     """ansible-playbook from the repository root with the lab's environment."""
     return subprocess.run(
@@ -116,9 +121,36 @@ def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subproce
         text=True,
         check=False,
         cwd=REPO,
-        env={**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"},
+        env=_playbook_env(env),
         timeout=timeout,
     )
+
+
+def playbook_interrupted(
+    env: dict[str, str], *args: str, at: str, then: Callable[[], None], timeout: float = 1500
+) -> tuple[int, str]:
+    """`playbook`, calling then() once (a fault: a host killed, its sshd stopped) at the first output line
+    that starts with regex `at`, while the play runs on. Its exit status and output (stderr merged)."""
+    proc = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=_playbook_env(env),
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    done = False
+    for line in proc.stdout:
+        lines.append(line)
+        if not done and re.match(at, line):
+            then()
+            done = True
+    returncode = proc.wait(timeout=timeout)
+    out = "".join(lines)
+    assert done, f"ansible-playbook {' '.join(args)} never printed a line matching {at!r}:\n{out[-3000:]}"
+    return returncode, out
 
 
 def relaunch(lab_name: str, host_name: str, image: str | None = None) -> None:

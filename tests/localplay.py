@@ -27,6 +27,55 @@ def record(case: str, value: Any) -> dict[str, Any]:
     }
 
 
+def results_task(out: Path) -> dict[str, Any]:
+    """The task that writes what the cases recorded to out/results.json (read back by run_play)."""
+    return {
+        "name": "Write the collected results",
+        "ansible.builtin.copy": {
+            "content": "{{ _results | to_json }}",
+            "dest": str(out / "results.json"),
+            "mode": "0600",
+        },
+        "check_mode": False,
+    }
+
+
+def run_play(
+    out: Path,
+    play: list[dict[str, Any]],
+    *options: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """Write `play` to out/play.yml and run it on localhost with the checkout's ansible.cfg; it must pass.
+
+    `env` is added to a minimal environment whose HOME is `out`; `options` go to ansible-playbook.
+    """
+    (out / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), *options, "-i", "localhost,", str(out / "play.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        timeout=timeout,
+        env={
+            **(env or {}),
+            "PATH": f"{BIN}:/usr/bin:/bin",
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "HOME": str(out),
+        },
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result
+
+
+def read_results(out: Path) -> dict[str, Any]:
+    """What results_task wrote."""
+    collected: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return collected
+
+
 def run_cases(
     out: Path, cases: dict[str, list[dict[str, Any]]], play_vars: dict[str, Any], *, check: bool = True
 ) -> dict[str, Any]:
@@ -39,46 +88,14 @@ def run_cases(
         }
         for case, block in cases.items()
     ]
-    tasks.append(
-        {
-            "name": "Write the collected results",
-            "ansible.builtin.copy": {
-                "content": "{{ _results | to_json }}",
-                "dest": str(out / "results.json"),
-                "mode": "0600",
-            },
-            "check_mode": False,
-        }
-    )
     play = [
         {
             "hosts": "localhost",
             "connection": "local",
             "gather_facts": True,
             "vars": {"_results": {}, "ansible_python_interpreter": sys.executable, **play_vars},
-            "tasks": tasks,
+            "tasks": [*tasks, results_task(out)],
         }
     ]
-    (out / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    result = subprocess.run(
-        [
-            str(BIN / "ansible-playbook"),
-            *(["--check"] if check else []),
-            "-i",
-            "localhost,",
-            str(out / "play.yml"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=600,
-        env={
-            "PATH": f"{BIN}:/usr/bin:/bin",
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "HOME": str(out),
-        },
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    collected: dict[str, Any] = json.loads((out / "results.json").read_text())
-    return collected
+    run_play(out, play, *(["--check"] if check else []))
+    return read_results(out)

@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import testinfra
+import yaml
 
 import labtools
 from gpuforge import versions
 from gpuforge.ami import manifest as packer_manifest
 from gpuforge.bench import labrun
 from gpuforge.lab import images as lab_images
-from labtools import LAB_MARKS, gpuforge, lab, on, playbook, recap
+from labtools import LAB_MARKS, REPO, gpuforge, lab, on, playbook, recap
 
 BUILDER_LAB = labtools.lab_name("bake")
 GOLDEN_LAB = labtools.lab_name("golden")
@@ -211,10 +214,119 @@ def test_golden_host_needs_nothing_from_the_install_phase(
         "install",
         "-e",
         f"@{baked['lab_vars']}",
+        # Every install task, not the golden fast path (tested below): the image really has it all.
+        "-e",
+        "gpuforge_full_install=true",
         timeout=900,
     )
     assert run.returncode == 0, run.stdout[-4000:]
     assert recap(run.stdout)[node["ip"]]["changed"] == 0, _changed_tasks(run.stdout)
+
+
+# The golden fast path (playbooks/bake.yml's first play): the one host of the golden lab under
+# several inventory names, each with what makes the decision differ.
+DECISION = re.compile(r'ok: \[(\w+)\] => \{\s*"msg": "gpuforge: (fast path|full install)[^:]*: ([^"]*)"')
+
+
+def _aliases(golden: dict[str, Any], tmp: Path, names: dict[str, dict[str, Any]]) -> Path:
+    """An inventory naming the golden host once per case, with the case's host variables."""
+    ip = golden["hosts"][0]["ip"]
+    inventory = tmp / "aliases.yml"
+    inventory.write_text(
+        yaml.safe_dump({"all": {"hosts": {n: {"ansible_host": ip, **v} for n, v in names.items()}}})
+    )
+    return inventory
+
+
+def _run_aliases(
+    golden: dict[str, Any], builder: dict[str, Any], inventory: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, tuple[str, str]]]:
+    run = playbook(
+        {
+            **golden["env"],
+            "GPUFORGE_LAB_ARTIFACTS": builder["env"]["GPUFORGE_LAB_ARTIFACTS"],
+            "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(Path(golden["state_file"]).parent / "facts"),
+            # One JSON line per result, so each host's reason reads back whole.
+            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        },
+        "-i",
+        str(inventory),
+        "playbooks/bake.yml",
+        *args,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-4000:]
+    return run, {host: (path, reason) for host, path, reason in DECISION.findall(run.stdout)}
+
+
+def _installed_on(stdout: str) -> set[str]:
+    """The hosts the install play ran tasks on."""
+    play = stdout.split("PLAY [Bake the GPU software stack]", 1)[1].split("PLAY RECAP", 1)[0]
+    return set(re.findall(r"^(?:ok|changed|skipping): \[(\w+)\]", play, re.MULTILINE))
+
+
+def test_golden_host_skips_the_install_phase_after_one_check(
+    golden: dict[str, Any], builder: dict[str, Any], tmp_path: Path
+) -> None:
+    """A host from the image, of a type it was baked for: the install play leaves it out."""
+    manifest = json.loads(on(GOLDEN_LAB, golden["hosts"][0]["name"], "cat /etc/gpuforge/manifest.json"))
+    assert manifest["completed"] == {
+        "versions_hash": versions.load().digest,
+        "targets": manifest["targets"],
+    }
+    inventory = _aliases(golden, tmp_path, {"golden": {"gpuforge_instance_type": manifest["targets"][0]}})
+    run, decisions = _run_aliases(golden, builder, inventory)
+    assert decisions["golden"][0] == "fast path", decisions
+    assert "skipping: no hosts matched" in run.stdout.split("PLAY [Bake the GPU software stack]", 1)[1]
+    # The decision play only: the pins and manifest read, one compare, the group, the reason.
+    counts = recap(run.stdout)["golden"]
+    assert counts["changed"] == 0 and counts["ok"] <= 12, counts
+
+
+def test_golden_fast_path_decides_per_host_in_check_mode(
+    golden: dict[str, Any], builder: dict[str, Any], tmp_path: Path
+) -> None:
+    """A changed pin, no manifest, a foreign instance type or gpuforge_full_install: the install play runs."""
+    host = golden["hosts"][0]["name"]
+    manifest = json.loads(on(GOLDEN_LAB, host, "cat /etc/gpuforge/manifest.json"))
+    target = manifest["targets"][0]
+    changed = yaml.safe_load((REPO / "versions.yml").read_text())
+    changed["gpuforge_versions"]["pytorch"]["version"] = "99.0.0"
+    (tmp_path / "versions.yml").write_text(yaml.safe_dump(changed))
+    # A configuration directory without a manifest (check mode writes nothing into it).
+    on(GOLDEN_LAB, host, "install -d -m 0755 /var/tmp/gpuforge-no-manifest")
+    inventory = _aliases(
+        golden,
+        tmp_path,
+        {
+            "golden": {"gpuforge_instance_type": target},
+            "asked_for": {"gpuforge_instance_type": target, "gpuforge_full_install": True},
+            "pins_changed": {
+                "gpuforge_instance_type": target,
+                "gpuforge_common_versions_file": str(tmp_path / "versions.yml"),
+            },
+            "no_manifest": {
+                "gpuforge_instance_type": target,
+                "gpuforge_common_config_dir": "/var/tmp/gpuforge-no-manifest",
+            },
+            "foreign_type": {"gpuforge_instance_type": "c5n.large"},
+        },
+    )
+    # Only gpuforge_common of the install play: enough to show which hosts it ran on.
+    run, decisions = _run_aliases(golden, builder, inventory, "--check", "--tags", "gpuforge_common")
+    assert {h: d[0] for h, d in decisions.items()} == {
+        "golden": "fast path",
+        "asked_for": "full install",
+        "pins_changed": "full install",
+        "no_manifest": "full install",
+        "foreign_type": "full install",
+    }
+    assert decisions["asked_for"][1] == "full install asked for (gpuforge_full_install=true)"
+    assert decisions["pins_changed"][1].startswith("pins changed: the node has ")
+    assert decisions["no_manifest"][1].startswith("no readable /etc/gpuforge/manifest.json")
+    assert decisions["foreign_type"][1].startswith("c5n.large is not among the image's targets")
+    assert _installed_on(run.stdout) == {"asked_for", "pins_changed", "no_manifest", "foreign_type"}
+    assert recap(run.stdout)["golden"]["changed"] == 0
 
 
 def _changed_tasks(stdout: str) -> str:
@@ -226,3 +338,43 @@ def _changed_tasks(stdout: str) -> str:
         elif line.startswith("changed:"):
             found.append(f"{task}\n  {line}")
     return "\n".join(found) or stdout[-4000:]
+
+
+def test_drift_check_finds_a_hand_changed_file_on_a_golden_host(
+    golden: dict[str, Any], builder: dict[str, Any], baked: dict[str, Any], tmp_path: Path
+) -> None:
+    """The fast path trusts the manifest; the drift check still compares a golden host's install roles."""
+    host = golden["hosts"][0]["name"]
+    manifest = json.loads(on(GOLDEN_LAB, host, "cat /etc/gpuforge/manifest.json"))
+    sysctl = "/etc/sysctl.d/99-gpuforge-efa.conf"
+    # The lab's fixture variables in the inventory itself: the drift check's own check-mode run of
+    # the roles reads the same inventory (extra vars do not reach it).
+    lab_vars = yaml.safe_load(baked["lab_vars"].read_text())
+    inventory = _aliases(
+        golden, tmp_path, {"golden": {"gpuforge_instance_type": manifest["targets"][0], **lab_vars}}
+    )
+    on(GOLDEN_LAB, host, f"cp -p {sysctl} /var/tmp/efa-sysctl.orig && echo '# by hand' >> {sysctl}")
+    try:
+        run = playbook(
+            {
+                **golden["env"],
+                "GPUFORGE_LAB_ARTIFACTS": builder["env"]["GPUFORGE_LAB_ARTIFACTS"],
+                "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(Path(golden["state_file"]).parent / "facts"),
+                "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+            },
+            "-i",
+            str(inventory),
+            "playbooks/drift.yml",
+            "-e",
+            "gpuforge_drift_fail=false",
+            "-e",
+            json.dumps({"gpuforge_drift_playbooks": ["gpuforge.gpu.bake"]}),
+            timeout=900,
+        )
+    finally:
+        on(GOLDEN_LAB, host, f"mv /var/tmp/efa-sysctl.orig {sysctl}")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "up to date with versions.yml" in run.stdout  # the manifest matches: a golden host
+    # (hardware.json may differ too: the earlier runs here named no instance type.)
+    reports = re.findall(r'"msg": "([^"]*managed file[^"]*)"', run.stdout)
+    assert any(sysctl in r and r.startswith("DRIFT: ") for r in reports), reports or run.stdout[-4000:]

@@ -10,6 +10,7 @@ import boto3
 import pytest
 import yaml
 
+from clusterconfigs import COMMENTED_WITHOUT_AMI
 from gpuforge import cli
 from gpuforge.ami import images, publish
 from gpuforge.errors import UserError
@@ -116,29 +117,6 @@ def test_resolve_pcluster_base_picks_newest_of_release(aws: MotoServer) -> None:
 
 # --- The image check before anything points at an image (issue 17) ---
 
-COMMENTED_CONFIG = """\
-# Training cluster for team A: keep this comment.
-Region: us-east-1
-Image:
-  Os: 'ubuntu2204'   # quoted on purpose
-HeadNode:
-  InstanceType: c5.2xlarge
-  Networking:
-    SubnetId: "subnet-0123456789abcdef0"
-Scheduling:
-  Scheduler: slurm
-  SlurmQueues:
-    - Name: gpu
-      # p5 capacity block, see the runbook.
-      ComputeResources:
-        - Name: p5
-          InstanceType: p5.48xlarge
-          MinCount: 0
-          MaxCount: 4
-      Networking:
-        SubnetIds: ["subnet-0123456789abcdef0"]
-"""
-
 
 @pytest.mark.parametrize(
     ("flavor", "tags", "argv", "message"),
@@ -189,14 +167,14 @@ def test_publish_refuses_an_unfit_image_unless_forced(
 ) -> None:
     ami = baked_image(flavor, tags=tags)
     config = tmp_path / "cluster.yaml"
-    config.write_text(COMMENTED_CONFIG)
+    config.write_text(COMMENTED_WITHOUT_AMI)
     argv = [a.replace("{config}", str(config)) for a in argv]
     assert cli.main(["publish", "--ami", ami, *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"gpuforge: error: image {ami} cannot be used"), err
     assert message in err and "--force" in err
     assert boto3.client("ssm").describe_parameters()["Parameters"] == []
-    assert config.read_text() == COMMENTED_CONFIG
+    assert config.read_text() == COMMENTED_WITHOUT_AMI
     # --force publishes, and says what it overrode.
     assert cli.main(["publish", "--ami", ami, *argv, "--force"]) == 0
     assert publish.read_parameter(f"/gpuforge/ami/{argv[1]}/latest") == ami
@@ -221,9 +199,9 @@ def test_unavailable_image_is_refused() -> None:
 def test_publish_keeps_comments_order_and_quoting(aws: MotoServer, tmp_path: Path) -> None:
     ami = baked_image("pcluster")
     config = tmp_path / "cluster.yaml"
-    config.write_text(COMMENTED_CONFIG)
+    config.write_text(COMMENTED_WITHOUT_AMI)
     assert cli.main(["publish", "--flavor", "pcluster", "--ami", ami, "--cluster-config", str(config)]) == 0
-    expected = COMMENTED_CONFIG.replace(
+    expected = COMMENTED_WITHOUT_AMI.replace(
         "  Os: 'ubuntu2204'   # quoted on purpose\n",
         f"  Os: 'ubuntu2204'   # quoted on purpose\n  CustomAmi: {ami}\n",
     )
@@ -241,6 +219,6 @@ def test_publish_keeps_comments_order_and_quoting(aws: MotoServer, tmp_path: Pat
 def test_publish_refuses_a_config_of_another_region(aws: MotoServer, tmp_path: Path) -> None:
     ami = baked_image("pcluster")
     config = tmp_path / "cluster.yaml"
-    config.write_text(COMMENTED_CONFIG.replace("Region: us-east-1", "Region: eu-west-1"))
+    config.write_text(COMMENTED_WITHOUT_AMI.replace("Region: us-east-1", "Region: eu-west-1"))
     with pytest.raises(UserError, match="is for eu-west-1, the image is in us-east-1"):
         publish.publish(ami, "/gpuforge/ami/pcluster/latest", [config], flavor="pcluster")

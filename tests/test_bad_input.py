@@ -43,6 +43,16 @@ def _spec(old: str, new: str) -> str:
     return text.replace(old, new, 1)
 
 
+def _generate(case_id: str, spec: str, message: str) -> Case:
+    """`cluster-config generate` of a spec file with this text."""
+    return Case(case_id, ("cluster-config", "generate", "{tmp}/spec.yml"), message, files={"spec.yml": spec})
+
+
+def _no_credentials(case_id: str, *argv: str) -> Case:
+    """A command that needs AWS, run without credentials: the error must say how to provide them."""
+    return Case(case_id, argv, HOW_TO_CREDENTIALS, codes=(1, 2))
+
+
 CASES = [
     # Invalid variables and option values.
     Case(
@@ -91,30 +101,24 @@ CASES = [
         ("cluster-config", "set-ami", str(SPEC), "--ami", "bogus"),
         r"invalid AMI id 'bogus'",
     ),
-    Case(
+    _generate(
         "spec-count-not-integer",
-        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        _spec("max_count: 4", "max_count: many"),
         r"max_count: must be an integer, got 'many'",
-        files={"spec.yml": _spec("max_count: 4", "max_count: many")},
     ),
-    Case(
+    _generate(
         "spec-bad-ami",
-        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        _spec("ami: ami-0123456789abcdef0", "ami: not-an-ami"),
         r"ami: invalid AMI id 'not-an-ami'",
-        files={"spec.yml": _spec("ami: ami-0123456789abcdef0", "ami: not-an-ami")},
     ),
-    Case(
-        "spec-bad-region",
-        ("cluster-config", "generate", "{tmp}/spec.yml"),
-        r"region: 'mars-1' is not a region",
-        files={"spec.yml": _spec("region: us-east-1", "region: mars-1")},
+    _generate(
+        "spec-bad-region", _spec("region: us-east-1", "region: mars-1"), r"region: 'mars-1' is not a region"
     ),
     # Wrong instance type: every entry point names the known types (data/instance_types.yml).
-    Case(
+    _generate(
         "spec-unknown-instance-type",
-        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        _spec("instance_type: p5.48xlarge", "instance_type: p9.mega"),
         r"instance_type: unknown instance type 'p9\.mega'; known types: .*p5\.48xlarge",
-        files={"spec.yml": _spec("instance_type: p5.48xlarge", "instance_type: p9.mega")},
     ),
     Case(
         "lab-unknown-instance-type",
@@ -129,23 +133,14 @@ CASES = [
         files={"run.log": "#  size count type\n"},
     ),
     # Malformed cluster specs and configs.
-    Case(
-        "spec-not-yaml",
-        ("cluster-config", "generate", "{tmp}/spec.yml"),
-        r"cluster spec .*spec\.yml is not valid YAML",
-        files={"spec.yml": "region: us-east-1\nqueues: [\n"},
+    _generate(
+        "spec-not-yaml", "region: us-east-1\nqueues: [\n", r"cluster spec .*spec\.yml is not valid YAML"
     ),
-    Case(
-        "spec-not-a-mapping",
-        ("cluster-config", "generate", "{tmp}/spec.yml"),
-        r"must be a YAML mapping",
-        files={"spec.yml": "- a\n- list\n"},
-    ),
-    Case(
+    _generate("spec-not-a-mapping", "- a\n- list\n", r"must be a YAML mapping"),
+    _generate(
         "spec-missing-fields",
-        ("cluster-config", "generate", "{tmp}/spec.yml"),
+        "region: us-east-1\n",
         r"ami: missing \(required: ami, head_node, queues, region\)",
-        files={"spec.yml": "region: us-east-1\n"},
     ),
     Case(
         "spec-missing-file",
@@ -159,30 +154,10 @@ CASES = [
         files={"cluster.yml": "Region: [us-east-1\n"},
     ),
     # Missing credentials: the CLI must say how to provide them.
-    Case(
-        "no-credentials-preflight",
-        ("preflight", "--cluster-name", "gpu"),
-        HOW_TO_CREDENTIALS,
-        codes=(1, 2),
-    ),
-    Case(
-        "no-credentials-prune",
-        ("prune", "--dry-run"),
-        HOW_TO_CREDENTIALS,
-        codes=(1, 2),
-    ),
-    Case(
-        "no-credentials-publish",
-        ("publish", "--ami", "ami-12345678"),
-        HOW_TO_CREDENTIALS,
-        codes=(1, 2),
-    ),
-    Case(
-        "no-credentials-bake",
-        ("bake", "--no-publish"),
-        HOW_TO_CREDENTIALS,
-        codes=(1, 2),
-    ),
+    _no_credentials("no-credentials-preflight", "preflight", "--cluster-name", "gpu"),
+    _no_credentials("no-credentials-prune", "prune", "--dry-run"),
+    _no_credentials("no-credentials-publish", "publish", "--ami", "ami-12345678"),
+    _no_credentials("no-credentials-bake", "bake", "--no-publish"),
     # botocore's own errors (not API errors): one line each, never a traceback.
     Case(
         "bad-region",

@@ -96,7 +96,9 @@ def test_every_role_playbook_and_data_file_is_in_the_collection(built: Path) -> 
         "meta/runtime.yml",
         "versions.yml",
         "data/instance_types.yml",
+        "data/aws_ofi_nccl.yml",
         "plugins/lookup/data_file.py",
+        "plugins/inventory/ec2_fleet.py",
         "playbooks/drift.yml",
     ):
         assert path in names or (path == "galaxy.yml" and "MANIFEST.json" in names), path
@@ -121,6 +123,25 @@ def test_installed_collection_documents_its_plugins(installed: Path, outside: Pa
     assert doc["short_description"] == "Path of one of the gpuforge collection's shared data files"
     # The installed copy answers, not this checkout.
     assert doc["filename"].startswith(str(installed))
+
+
+def test_installed_collection_documents_its_inventory_plugin(installed: Path, outside: Path) -> None:
+    result = subprocess.run(
+        [str(BIN / "ansible-doc"), "--json", "-t", "inventory", f"{FQCN}.ec2_fleet"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=outside,
+        env={**os.environ, "ANSIBLE_CONFIG": str(outside / "ansible.cfg")},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    entry = json.loads(result.stdout)[f"{FQCN}.ec2_fleet"]
+    assert entry["doc"]["filename"].startswith(str(installed))
+    assert entry["doc"]["options"]["plugin"]["choices"] == [f"{FQCN}.ec2_fleet"]
+    # The inventory cache's options come from ansible-core's fragment.
+    assert {"cache", "cache_plugin", "cache_timeout", "regions", "retry_mode"} <= set(entry["doc"]["options"])
+    assert yaml.safe_load(entry["examples"])["plugin"] == f"{FQCN}.ec2_fleet"
 
 
 def test_roles_name_each_other_by_fqcn() -> None:

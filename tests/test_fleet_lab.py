@@ -82,7 +82,8 @@ def test_munge_key_comes_from_ssm_with_mode_0400(cluster: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize("index", [0, 1], ids=["compute-1", "compute-2"])
 def test_sbatch_job_sees_the_nccl_environment(cluster: dict[str, Any], index: int) -> None:
-    """A batch job gets every setting of the node's nccl.env (FI_PROVIDER=efa on a p5) via the task prolog."""
+    """A batch job gets every setting of the node's nccl.env via the task prolog; on a p5 that file leaves
+    the provider and the platform settings (NCCL_BUFFSIZE...) to the aws-ofi-nccl plugin."""
     node = cluster["compute"][index]
     submitted = on(
         cluster["head"], f"sbatch --parsable --wait -w {node} -o /tmp/env-%j.out --wrap 'env | sort'"
@@ -95,8 +96,9 @@ def test_sbatch_job_sees_the_nccl_environment(cluster: dict[str, Any], index: in
         for line in on(node, "cat /etc/gpuforge/nccl.env").splitlines()
         if line and not line.startswith("#")
     }
-    assert "FI_PROVIDER=efa" in tuned
+    assert not any(line.startswith(("FI_PROVIDER=", "NCCL_BUFFSIZE=")) for line in tuned)
     assert any(line.startswith("NCCL_SOCKET_IFNAME=") for line in tuned)
+    assert any(line.startswith("NCCL_DEBUG=") for line in tuned)
     assert tuned <= job_env
 
 

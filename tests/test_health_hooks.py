@@ -7,39 +7,37 @@ are off, so nothing outside tmp_path changes.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from localplay import BIN, REPO, record
+from localplay import REPO, record, run_cases
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "roles" / "health" / "files" / "gpuforge-health"
 
 
-def hook_case(name: str, root: Path, script: Path) -> dict[str, Any]:
-    """Include the role's platform and slurm tasks with the hooks under root, recording the outcome."""
+def hook_case(name: str, root: Path, script: Path) -> list[dict[str, Any]]:
+    """Case `name`: the role's platform and slurm tasks with the hooks under root; "ok" when they pass."""
     include = {"name": "gpuforge.gpu.health"}
-    return {
-        "name": f"Case {name}",
-        "vars": {
-            "health_script_path": str(script),
-            "health_slurm_prolog_dir": str(root / "prolog.d"),
-            "health_slurm_epilog_dir": str(root / "epilog.d"),
-        },
-        "block": [
-            {"ansible.builtin.include_role": {**include, "tasks_from": "platform.yml"}},
-            {"ansible.builtin.include_role": {**include, "tasks_from": "slurm.yml"}},
-            record(name, "ok"),
-        ],
-        "rescue": [record(name, "{{ ansible_failed_result.msg }}")],
-    }
+    return [
+        {
+            "name": "Include the role's platform and slurm tasks",
+            "vars": {
+                "health_script_path": str(script),
+                "health_slurm_prolog_dir": str(root / "prolog.d"),
+                "health_slurm_epilog_dir": str(root / "epilog.d"),
+            },
+            "block": [
+                {"ansible.builtin.include_role": {**include, "tasks_from": "platform.yml"}},
+                {"ansible.builtin.include_role": {**include, "tasks_from": "slurm.yml"}},
+                record(name, "ok"),
+            ],
+        }
+    ]
 
 
 def test_configure_refuses_a_hook_whose_script_is_missing(tmp_path: Path) -> None:
@@ -48,47 +46,16 @@ def test_configure_refuses_a_hook_whose_script_is_missing(tmp_path: Path) -> Non
     installed.parent.mkdir()
     shutil.copy(SCRIPT, installed)
     installed.chmod(0o755)
-    play = [
-        {
-            "hosts": "localhost",
-            "connection": "local",
-            "gather_facts": True,
-            "vars": {
-                "_results": {},
-                "ansible_python_interpreter": str(BIN / "python"),
-                "gpuforge_instance_type": "p5.48xlarge",
-                "gpuforge_common_imds_enabled": False,
-                "gpuforge_common_manifest_enabled": False,
-            },
-            "tasks": [
-                hook_case("missing", tmp_path / "missing", tmp_path / "missing" / "gpuforge-health"),
-                hook_case("present", tmp_path / "present", installed),
-                {
-                    "ansible.builtin.copy": {
-                        "content": "{{ _results | to_json }}",
-                        "dest": str(tmp_path / "results.json"),
-                        "mode": "0600",
-                    }
-                },
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    run = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", "localhost,", str(tmp_path / "play.yml")],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=600,
-        env={
-            "PATH": f"{BIN}:/usr/bin:/bin",
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "HOME": str(tmp_path),
-        },
-    )
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
+    cases = {
+        "missing": hook_case("missing", tmp_path / "missing", tmp_path / "missing" / "gpuforge-health"),
+        "present": hook_case("present", tmp_path / "present", installed),
+    }
+    play_vars = {
+        "gpuforge_instance_type": "p5.48xlarge",
+        "gpuforge_common_imds_enabled": False,
+        "gpuforge_common_manifest_enabled": False,
+    }
+    results = run_cases(tmp_path, cases, play_vars, check=False)
     assert (
         f"The Slurm hooks would run {tmp_path}/missing/gpuforge-health, which is missing"
         in results["missing"]

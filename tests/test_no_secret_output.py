@@ -14,12 +14,10 @@ The static test checks that every task in roles/ and playbooks/ that touches a s
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import re
 import secrets
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +28,7 @@ import pytest
 import yaml
 
 from gpuforge.lab.moto import MotoServer
-from localplay import BIN, REPO, record
+from localplay import REPO, read_results, record, results_task, run_play
 
 pytestmark = pytest.mark.slow
 
@@ -107,17 +105,7 @@ def _play(tmp: Path, tasks_file: Path, keys: dict[str, str]) -> list[dict[str, A
         }
         for case, (variables, check) in cases.items()
     ]
-    tasks.append(
-        {
-            "name": "Write the collected results",
-            "ansible.builtin.copy": {
-                "content": "{{ _results | to_json }}",
-                "dest": str(tmp / "results.json"),
-                "mode": "0600",
-            },
-            "check_mode": False,
-        }
-    )
+    tasks.append(results_task(tmp))
     return [
         {
             "hosts": "localhost",
@@ -133,32 +121,15 @@ def _play(tmp: Path, tasks_file: Path, keys: dict[str, str]) -> list[dict[str, A
 
 def _run(tmp: Path, tasks_file: Path, keys: dict[str, str]) -> tuple[str, dict[str, str]]:
     """Run the play at -vvvv --diff; return everything Ansible wrote (output, log, fact cache) and results."""
-    play = tmp / "play.yml"
-    play.write_text(yaml.safe_dump(_play(tmp, tasks_file, keys), sort_keys=False))
     log = tmp / "ansible.log"
     cache = tmp / "facts"
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-vvvv", "--diff", "-i", "localhost,", str(play)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=600,
-        env={
-            **os.environ,
-            "PATH": f"{BIN}:/usr/bin:/bin",
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            # The lookup is the collection's (gpuforge.gpu.slurm_ssm_secret), found through
-            # ansible.cfg's collections_path (./collections links back to this checkout).
-            "ANSIBLE_LOG_PATH": str(log),
-            "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache),
-            "HOME": str(tmp),
-        },
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    # The lookup is the collection's (gpuforge.gpu.slurm_ssm_secret), found through ansible.cfg's
+    # collections_path (./collections links back to this checkout).
+    env = {**os.environ, "ANSIBLE_LOG_PATH": str(log), "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache)}
+    result = run_play(tmp, _play(tmp, tasks_file, keys), "-vvvv", "--diff", env=env)
     written = [result.stdout, result.stderr, log.read_text()]
     written += [p.read_text() for p in cache.rglob("*") if p.is_file()]
-    return "\n".join(written), json.loads((tmp / "results.json").read_text())
+    return "\n".join(written), read_results(tmp)
 
 
 def _has_user(name: str) -> bool:
@@ -215,22 +186,8 @@ def test_why_the_role_has_its_own_ssm_lookup(keys: dict[str, str], tmp_path: Pat
         "no_log": True,
     }
     play = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": [task]}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-vvvv", "-i", "localhost,", str(tmp_path / "play.yml")],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=300,
-        env={
-            **os.environ,
-            "PATH": f"{BIN}:/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts"),
-        },
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    env = {**os.environ, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")}
+    result = run_play(tmp_path, play, "-vvvv", env=env, timeout=300)
     assert keys["ssm"] in result.stdout + result.stderr
 
 

@@ -67,6 +67,77 @@ def test_differences_compare_actual_versions() -> None:
     }
 
 
+# The golden fast path's decision: case -> (manifest or None, instance type, full install, expected).
+GOLDEN = {**SCHEMA2, "completed": {"versions_hash": PINS.digest, "targets": ["p5.48xlarge", "p5e.48xlarge"]}}
+OLD = "0" * 64
+FAST_PATH: dict[str, tuple[dict[str, Any] | None, str, bool, tuple[bool, str]]] = {
+    "golden": (
+        GOLDEN,
+        "p5e.48xlarge",
+        False,
+        (True, f"golden: pins {PINS.digest[:12]} installed for p5.48xlarge, p5e.48xlarge"),
+    ),
+    "asked-for": (
+        GOLDEN,
+        "p5.48xlarge",
+        True,
+        (False, "full install asked for (gpuforge_full_install=true)"),
+    ),
+    "no-manifest": (
+        None,
+        "p5.48xlarge",
+        False,
+        (False, "no readable /etc/gpuforge/manifest.json (never baked by gpuforge)"),
+    ),
+    "never-completed": (
+        SCHEMA2,
+        "p5.48xlarge",
+        False,
+        (False, "the manifest records no install phase run to its end"),
+    ),
+    "pins-changed": (
+        {**GOLDEN, "versions_hash": OLD, "completed": {"versions_hash": OLD, "targets": ["p5.48xlarge"]}},
+        "p5.48xlarge",
+        False,
+        (False, f"pins changed: the node has {OLD[:12]}, versions.yml {PINS.digest[:12]}"),
+    ),
+    # The first write of a run records the new pins; only the last one records them completed.
+    "stopped-half-way": (
+        {**GOLDEN, "completed": {"versions_hash": OLD, "targets": ["p5.48xlarge"]}},
+        "p5.48xlarge",
+        False,
+        (False, f"the last install phase for pins {PINS.digest[:12]} did not finish"),
+    ),
+    "foreign-type": (
+        GOLDEN,
+        "g6e.xlarge",
+        False,
+        (False, "g6e.xlarge is not among the image's targets (p5.48xlarge, p5e.48xlarge)"),
+    ),
+    "unknown-type": (
+        GOLDEN,
+        "",
+        False,
+        (False, "this node's instance type is unknown (the inventory sets no gpuforge_instance_type)"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FAST_PATH))
+def test_python_fast_path_decision(case: str) -> None:
+    data, instance_type, full, expected = FAST_PATH[case]
+    node = None if data is None else node_manifest.parse(data)
+    assert node_manifest.fast_path(node, PINS.digest, instance_type, full_install=full) == expected
+
+
+def test_completed_round_trips_and_malformed_is_refused() -> None:
+    node = node_manifest.parse(GOLDEN)
+    assert node.completed == node_manifest.Completed(PINS.digest, ("p5.48xlarge", "p5e.48xlarge"))
+    assert node_manifest.parse(node.as_dict()) == node
+    with pytest.raises(UserError, match="completed"):
+        node_manifest.parse({**SCHEMA2, "completed": {"targets": []}})
+
+
 @pytest.fixture(scope="module")
 def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("manifests")
@@ -112,8 +183,65 @@ def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "{{ {'dcgm': {'version': '4.6.0', 'source': 'base_image'},"
         " 'nccl': {'version': '2.27.7', 'source': 'gpuforge'}} }}"
     )
+    # The role-side fast path on the same cases as test_python_fast_path_decision.
+    for case, (data, instance_type, full, _) in FAST_PATH.items():
+        cases[f"fast-path-{case}"] = [
+            {
+                "ansible.builtin.include_role": {
+                    "name": "gpuforge.gpu.gpuforge_common",
+                    "tasks_from": "fast_path.yml",
+                },
+                "vars": {
+                    "gpuforge_previous_manifest": data or {},
+                    "gpuforge_versions_hash": PINS.digest,
+                    "gpuforge_instance_type": instance_type,
+                    "gpuforge_full_install": full,
+                },
+            },
+            record(f"fast-path-{case}", "{{ [gpuforge_fast_path | bool, gpuforge_fast_path_reason] }}"),
+        ]
+    # The last write of a bake records what it completed; a later first write keeps it.
+    cases["written-completed"] = [
+        {
+            "ansible.builtin.set_fact": {
+                "gpuforge_versions": PINS.components,
+                "gpuforge_versions_hash": PINS.digest,
+                "gpuforge_previous_manifest": SCHEMA2,
+                "gpuforge_targets": ["p5.48xlarge"],
+                "gpuforge_reality": {},
+            }
+        },
+        record(
+            "written-completed",
+            "{{ [lookup('ansible.builtin.template', _template, template_vars=_last) | from_json,"
+            " lookup('ansible.builtin.template', _template, template_vars=_over_golden) | from_json,"
+            " lookup('ansible.builtin.template', _template, template_vars=_over_fresh) | from_json] }}",
+        ),
+    ]
+    cases["written-completed"][1]["vars"].update(
+        {
+            "_template": str(REPO / "roles/gpuforge_common/templates/etc/gpuforge/manifest.json.j2"),
+            "_last": {"_gpuforge_common_installed_now": {}, "_gpuforge_common_install_completed": True},
+            "_over_golden": {"_gpuforge_common_installed_now": {}, "gpuforge_previous_manifest": GOLDEN},
+            "_over_fresh": {"_gpuforge_common_installed_now": {}},
+        }
+    )
     (root / "play").mkdir()
     return run_cases(root / "play", cases, {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(FAST_PATH))
+def test_role_fast_path_decides_as_python(role_side: dict[str, Any], case: str) -> None:
+    assert tuple(role_side[f"fast-path-{case}"]) == FAST_PATH[case][3]
+
+
+@pytest.mark.slow
+def test_only_the_last_write_records_a_completed_install(role_side: dict[str, Any]) -> None:
+    last, first_over_golden, first_over_fresh = role_side["written-completed"]
+    assert last["completed"] == {"versions_hash": PINS.digest, "targets": ["p5.48xlarge"]}
+    assert first_over_golden["completed"] == GOLDEN["completed"]  # kept from the earlier run
+    assert "completed" not in first_over_fresh
 
 
 @pytest.mark.slow

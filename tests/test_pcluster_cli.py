@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clusterconfigs import COMMENTED
 from gpuforge import cli
 from gpuforge.lab.moto import MotoServer
 from gpuforge.pcluster.config import custom_amis, load_config
@@ -138,35 +139,9 @@ def test_set_ami_refuses_an_image_that_does_not_exist(config_file: Path, aws: Mo
 
 
 def test_set_ami_keeps_comments_order_and_quoting(tmp_path: Path, pcluster_ami: str) -> None:
-    text = EXAMPLE_CONFIG_WITH_COMMENTS
+    text = COMMENTED
     config = tmp_path / "cluster.yml"
     config.write_text(text)
     out = tmp_path / "out.yml"
     assert cli.main(["cluster-config", "set-ami", str(config), "--ami", pcluster_ami, "-o", str(out)]) == 0
     assert out.read_text() == text.replace("CustomAmi: ami-0123456789abcdef0", f"CustomAmi: {pcluster_ami}")
-
-
-EXAMPLE_CONFIG_WITH_COMMENTS = """\
-# Owned by the training platform team.
-Region: us-east-1
-Image:
-  Os: "ubuntu2204"
-  CustomAmi: ami-0123456789abcdef0  # moved by gpuforge publish
-HeadNode:
-  InstanceType: c5.2xlarge
-  Networking:
-    SubnetId: 'subnet-0123456789abcdef0'
-  Ssh: {KeyName: ops}
-Scheduling:
-  Scheduler: slurm
-  SlurmQueues:
-    - Name: gpu
-      ComputeResources:
-        - Name: p5
-          InstanceType: p5.48xlarge
-          MinCount: 0
-          MaxCount: 2  # the capacity block's size
-      Networking:
-        SubnetIds:
-          - subnet-0123456789abcdef0
-"""

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import botocore.client
 import pytest
 import yaml
 
@@ -24,18 +22,8 @@ EXAMPLE = REPO / "examples" / "p5-capacity-block.yml"
 DOC = REPO / "docs" / "cluster-spec.md"
 
 
-@pytest.fixture(autouse=True)
-def no_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Fail any botocore API call: generating and validating a spec stays offline."""
-    calls: list[str] = []
-
-    def refuse(self: Any, operation: str, params: Any) -> Any:
-        calls.append(operation)
-        raise AssertionError(f"called AWS: {operation}")
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refuse)
-    yield calls
-    assert calls == []
+# Offline: any botocore API call fails the test (conftest.no_aws).
+pytestmark = pytest.mark.usefixtures("no_aws")
 
 
 def spec() -> dict[str, Any]:

@@ -4,29 +4,16 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import botocore.client
 import pytest
 
 from gpuforge.errors import UserError
 from gpuforge.pcluster.validate import error_lines, supported_regions, validate
 
-
-@pytest.fixture(autouse=True)
-def no_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Fail any boto3 API call: schema validation must not reach AWS (or its moto double)."""
-    calls: list[str] = []
-
-    def refuse(self: Any, operation: str, params: Any) -> Any:
-        calls.append(operation)
-        raise AssertionError(f"validate() called AWS: {operation}")
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refuse)
-    yield calls
-    assert calls == []
+# Offline: any botocore API call fails the test (conftest.no_aws).
+pytestmark = pytest.mark.usefixtures("no_aws")
 
 
 def valid_config() -> dict[str, Any]:

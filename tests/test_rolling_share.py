@@ -92,7 +92,8 @@ def test_rolling_update_runs_the_check_first() -> None:
 
 @pytest.mark.parametrize("playbook", ["playbooks/bake.yml", "playbooks/fleet.yml"])
 def test_site_plays_take_serial_and_max_fail_percentage_from_the_documented_variables(playbook: str) -> None:
-    (play,) = yaml.safe_load((REPO / playbook).read_text())
+    # The play that does the work (bake.yml first decides the golden fast path, in a play of its own).
+    play = yaml.safe_load((REPO / playbook).read_text())[-1]
     assert play["serial"] == "{{ gpuforge_serial | default('100%') }}"
     assert play["max_fail_percentage"] == "{{ gpuforge_max_fail_percentage | default(100) }}"
     docs = (REPO / "docs" / "performance.md").read_text()

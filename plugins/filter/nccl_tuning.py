@@ -37,6 +37,28 @@ def _below(found: str, bound: str) -> bool | None:
     return have + (0,) * (width - len(have)) < limit + (0,) * (width - len(limit))
 
 
+def _left_to_plugin(name: str, node: dict[str, Any]) -> str | None:
+    """Why the aws-ofi-nccl plugin, not gpuforge, sets `name` on this node (None when it does not).
+
+    node["plugin_env"] is what the plugin sets itself on the node's instance type
+    (data/instance_types.yml aws_ofi_nccl.env); it applies them only where the variable is unset, so
+    a value gpuforge wrote would replace the plugin's own. Only when NCCL traffic goes through the
+    plugin ("ofi"), and not for a name listed in node["plugin_overrides"] (an override on purpose).
+    """
+    plugin_env = node.get("plugin_env") or {}
+    if (
+        node.get("transport") != "ofi"
+        or name not in plugin_env
+        or name in (node.get("plugin_overrides") or [])
+    ):
+        return None
+    where = node.get("instance_type") or "this instance type"
+    return (
+        f"the aws-ofi-nccl plugin sets it itself on {where} ({name}={plugin_env[name]}, "
+        "data/instance_types.yml); list it in nccl_tuning_plugin_overrides to override the plugin"
+    )
+
+
 def _reason_left_out(candidate: dict[str, Any], node: dict[str, Any]) -> str | None:
     """None when the candidate applies to the node, else why it does not."""
     if candidate.get("efa") and int(node.get("efa_interfaces", 0)) == 0:
@@ -45,6 +67,9 @@ def _reason_left_out(candidate: dict[str, Any], node: dict[str, Any]) -> str | N
     if transport is not None and transport != node.get("transport"):
         used = node.get("transport")
         return f"only read by NCCL's {transport} transport; this node's NCCL traffic uses {used}"
+    plugin = _left_to_plugin(str(candidate["name"]), node)
+    if plugin is not None:
+        return plugin
     if "value" in candidate and str(candidate["value"]) == "":
         return "no value configured"
     bounds = [(key, field) for key, field in _BOUNDS.items() if key in candidate]
@@ -65,8 +90,9 @@ def _reason_left_out(candidate: dict[str, Any], node: dict[str, Any]) -> str | N
 def nccl_tuning_select(candidates: list[dict[str, Any]], node: dict[str, Any]) -> dict[str, Any]:
     """Split candidates into {"applied": {name: value}, "left_out": [{"name", "reason"}]}.
 
-    `node` holds efa_interfaces, transport and the probed versions (kernel, libfabric,
-    aws_ofi_nccl). A later candidate with the same name replaces an earlier one.
+    `node` holds efa_interfaces, transport, the probed versions (kernel, libfabric, aws_ofi_nccl),
+    and instance_type, plugin_env and plugin_overrides (see _left_to_plugin). A later candidate
+    with the same name replaces an earlier one (the role passes its group overrides last).
     """
     applied: dict[str, str] = {}
     left_out: list[dict[str, str]] = []

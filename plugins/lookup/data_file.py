@@ -31,6 +31,7 @@ options:
     choices:
       - versions
       - instance_types
+      - aws_ofi_nccl
 """
 
 EXAMPLES = r"""
@@ -51,6 +52,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 FILES = {
     "versions": Path("versions.yml"),
     "instance_types": Path("data/instance_types.yml"),
+    "aws_ofi_nccl": Path("data/aws_ofi_nccl.yml"),
 }
 
 

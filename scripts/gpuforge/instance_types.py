@@ -17,8 +17,10 @@ from gpuforge.errors import UserError
 class PluginFacts:
     """What the aws-ofi-nccl plugin needs and sets on a type (data/instance_types.yml aws_ofi_nccl)."""
 
-    min_version: str
-    min_nccl: str
+    # The plugin and NCCL releases an image for the type needs ('' where the type needs none).
+    min_version: str = ""
+    min_nccl: str = ""
+    # What the plugin sets itself on the type; gpuforge leaves these to it.
     env: dict[str, str] = field(default_factory=dict)
 
 

@@ -8,7 +8,9 @@ The schema is documented in docs/manifest.md:
      "versions_hash": "<sha256 of versions.yml's pins, as gpuforge.versions.Manifest.digest>",
      "pins": {"<component>": {"version": ..., "floor": ..., ...}},       # versions.yml as baked
      "installed": {"<component>": {"version": "580.105.08", "source": "base_image" | "gpuforge",
-                                   "digest": "sha256:..."}}}   # digest: only for what has one
+                                   "digest": "sha256:..."}},   # digest: only for what has one
+     "targets": ["p5.48xlarge", ...],                          # the instance types it is for
+     "completed": {"versions_hash": "...", "targets": [...]}}  # the last install phase run to its end
 
 
 Other keys may be added by later schema versions' writers; readers ignore what they do not know.
@@ -49,11 +51,25 @@ class Installed:
 
 
 @dataclass(frozen=True)
+class Completed:
+    """What the last install phase that ran to its end installed for: the pins' hash and the targets.
+
+    Written only by playbooks/bake.yml's last task, so an install phase that stopped half-way (the
+    first write of the manifest already carries the new pins) never makes a node look golden.
+    """
+
+    versions_hash: str
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class NodeManifest:
     versions_hash: str
     pins: dict[str, dict[str, str]] = field(default_factory=dict)
     installed: dict[str, Installed] = field(default_factory=dict)
     schema: int = SCHEMA
+    targets: tuple[str, ...] = ()
+    completed: Completed | None = None
 
     def image_tags(self) -> dict[str, str]:
         """What an image baked from this node carries besides the pins: each component's actual release."""
@@ -63,12 +79,20 @@ class NodeManifest:
 
     def as_dict(self) -> dict[str, Any]:
         """The schema-2 form, as read_manifest.yml sets gpuforge_previous_manifest."""
-        return {
+        out: dict[str, Any] = {
             "schema": self.schema,
             "versions_hash": self.versions_hash,
             "pins": self.pins,
             "installed": {n: i.as_dict() for n, i in self.installed.items()},
         }
+        if self.targets:
+            out["targets"] = list(self.targets)
+        if self.completed is not None:
+            out["completed"] = {
+                "versions_hash": self.completed.versions_hash,
+                "targets": list(self.completed.targets),
+            }
+        return out
 
 
 def parse(data: Any, where: str = "manifest.json") -> NodeManifest:
@@ -103,7 +127,23 @@ def parse(data: Any, where: str = "manifest.json") -> NodeManifest:
         pins=_pins(data.get("pins", {}), where),
         installed=installed,
         schema=schema,
+        targets=_names(data.get("targets", []), f"{where}: targets"),
+        completed=_completed(data.get("completed"), where),
     )
+
+
+def _names(raw: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
+        raise UserError(f"{what} must be a list of instance type names")
+    return tuple(raw)
+
+
+def _completed(raw: Any, where: str) -> Completed | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("versions_hash"), str):
+        raise UserError(f"{where}: completed needs a versions_hash and targets, got {raw!r}")
+    return Completed(raw["versions_hash"], _names(raw.get("targets", []), f"{where}: completed.targets"))
 
 
 def _pins(raw: Any, where: str) -> dict[str, dict[str, str]]:
@@ -134,3 +174,34 @@ def differences(node: NodeManifest, expected: dict[str, str]) -> dict[str, tuple
         if have != want:
             out[name] = (have, want)
     return out
+
+
+def fast_path(
+    node: NodeManifest | None, versions_hash: str, instance_type: str, *, full_install: bool = False
+) -> tuple[bool, str]:
+    """Whether a node may skip the install phase (the golden fast path), and why or why not.
+
+    The node is golden when the last install phase that ran to its end on it (its manifest's
+    `completed`) was for the current pins' hash and for targets that include the node's own
+    instance type. `node` is None where the manifest is missing or unreadable. The role side,
+    roles/gpuforge_common/tasks/fast_path.yml, decides the same way with the same words
+    (tests/test_node_manifest.py runs both on the same cases).
+    """
+    if full_install:
+        return False, "full install asked for (gpuforge_full_install=true)"
+    if node is None:
+        return False, "no readable /etc/gpuforge/manifest.json (never baked by gpuforge)"
+    done = node.completed
+    if done is None:
+        return False, "the manifest records no install phase run to its end"
+    if done.versions_hash != versions_hash:
+        if node.versions_hash == versions_hash:
+            return False, f"the last install phase for pins {versions_hash[:12]} did not finish"
+        have, want = done.versions_hash[:12], versions_hash[:12]
+        return False, f"pins changed: the node has {have}, versions.yml {want}"
+    if not instance_type or instance_type == "unknown":
+        return False, "this node's instance type is unknown (the inventory sets no gpuforge_instance_type)"
+    if instance_type not in done.targets:
+        names = ", ".join(done.targets) or "none"
+        return False, f"{instance_type} is not among the image's targets ({names})"
+    return True, f"golden: pins {versions_hash[:12]} installed for {', '.join(done.targets)}"

@@ -76,7 +76,7 @@ def problems(itype: InstanceType, manifest: versions.Manifest, path: Path | None
     if plugin is not None:
         for component, minimum in (("aws_ofi_nccl", plugin.min_version), ("nccl", plugin.min_nccl)):
             pinned = manifest.version(component)
-            if version_key(pinned) < version_key(minimum):
+            if minimum and version_key(pinned) < version_key(minimum):
                 found.append(
                     f"{itype.name}: the pinned {component} {pinned} is older than the {minimum} the "
                     f"aws-ofi-nccl platform settings for this type need (versions.yml {component})"

@@ -25,20 +25,19 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", type=nonempty, help="AWS region (default: AWS_REGION or us-east-1)")
 
 
+def _add_cluster_config(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "--cluster-config", type=Path, action="append", default=[], metavar="PATH", help=help_text
+    )
+
+
 def _add_publish(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--parameter",
         type=nonempty,
         help="SSM parameter to point at the image (default /gpuforge/ami/FLAVOR/latest)",
     )
-    parser.add_argument(
-        "--cluster-config",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="ParallelCluster config to patch (Image.CustomAmi) and validate; repeatable",
-    )
+    _add_cluster_config(parser, "ParallelCluster config to patch (Image.CustomAmi) and validate; repeatable")
     parser.add_argument(
         "--queue",
         action="append",
@@ -158,13 +157,9 @@ def register(sub: Any) -> None:
         metavar="PATH",
         help=f"every SSM parameter under this path protects its AMI (default {references.PROJECT_PREFIX})",
     )
-    p_prune.add_argument(
-        "--cluster-config",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="cluster config whose AMIs must stay, besides every ParallelCluster cluster found; repeatable",
+    _add_cluster_config(
+        p_prune,
+        "cluster config whose AMIs must stay, besides every ParallelCluster cluster found; repeatable",
     )
     p_prune.add_argument(
         "--allow-missing",
@@ -215,8 +210,12 @@ def _options(args: argparse.Namespace) -> bake.BakeOptions:
     )
 
 
-def _parameter(args: argparse.Namespace) -> str:
-    return str(args.parameter or publish.default_parameter(args.flavor))
+def _publish_image(args: argparse.Namespace, ami: str) -> None:
+    """Point the parameter and the cluster configs (`_add_publish`'s options) at ami."""
+    parameter = str(args.parameter or publish.default_parameter(args.flavor))
+    publish.publish(
+        ami, parameter, args.cluster_config, args.queue, args.region, flavor=args.flavor, force=args.force
+    )
 
 
 def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> int:
@@ -224,15 +223,7 @@ def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> in
         publish.check_configs(args.cluster_config, args.queue, options.region, options.flavor, args.force)
     image = bake.bake_aws(options)
     if not args.no_publish:
-        publish.publish(
-            image.id,
-            _parameter(args),
-            args.cluster_config,
-            args.queue,
-            options.region,
-            flavor=options.flavor,
-            force=args.force,
-        )
+        _publish_image(args, image.id)
     print(image.id)
     return 0
 
@@ -279,15 +270,7 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    publish.publish(
-        args.ami,
-        _parameter(args),
-        args.cluster_config,
-        args.queue,
-        args.region,
-        flavor=args.flavor,
-        force=args.force,
-    )
+    _publish_image(args, args.ami)
     print(args.ami)
     return 0
 

@@ -25,7 +25,11 @@ def default_parameter(flavor: str) -> str:
 
 def read_parameter(name: str, region: str | None = None) -> str | None:
     """The AMI id a parameter holds, or None when it does not exist yet."""
-    ssm = aws.client("ssm", region_name=region)
+    return parameter_value(aws.client("ssm", region_name=region), name)
+
+
+def parameter_value(ssm: Any, name: str) -> str | None:
+    """What parameter `name` holds, read with the SSM client `ssm`; None when it does not exist."""
     try:
         return str(ssm.get_parameter(Name=name)["Parameter"]["Value"])
     except ClientError as exc:

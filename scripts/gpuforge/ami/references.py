@@ -32,7 +32,7 @@ import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuforge import aws
-from gpuforge.ami import images
+from gpuforge.ami import images, publish
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.pcluster import config as pcluster_config
 
@@ -118,11 +118,7 @@ def _parameter_value(ssm: Any, name: str) -> str | None:
     if not name:
         raise UserError("an SSM parameter name must not be empty")
     try:
-        return str(ssm.get_parameter(Name=name)["Parameter"]["Value"])
-    except ClientError as exc:
-        if exc.response["Error"]["Code"] == "ParameterNotFound":
-            return None
-        raise ExternalError(f"SSM GetParameter {name} failed: {exc}") from exc
+        return publish.parameter_value(ssm, name)
     except BotoCoreError as exc:
         raise ExternalError(f"SSM GetParameter {name} failed: {exc}") from exc
 

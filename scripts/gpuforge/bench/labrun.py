@@ -140,10 +140,19 @@ def write_bake_vars(work_dir: Path) -> Path:
     return path
 
 
-def bake_image(image: str, work_dir: Path, lab_name: str = "bench-bake") -> float:
+# The instance types a lab's hosts have (head node and compute nodes, gpuforge.lab.core.LabSpec):
+# a golden image baked for both is the image of a cluster whose every node boots from it, so each
+# lab host is among its targets and can take the golden fast path (docs/manifest.md).
+LAB_TARGETS = (lab_core.LabSpec.compute_type, lab_core.LabSpec.head_type)
+
+
+def bake_image(
+    image: str, work_dir: Path, lab_name: str = "bench-bake", targets: tuple[str, ...] = LAB_TARGETS
+) -> float:
     """Bake a 1-host lab with the real Packer build into lab image `image`; the bake's wall seconds.
 
-    The host gets the NVIDIA fixtures first, like every lab host that runs the stack roles.
+    The host gets the NVIDIA fixtures first, like every lab host that runs the stack roles. The
+    image is for `targets` (gpuforge bake --target-instance-types).
     """
     root = paths.repo_root()
     lab = up(lab_name, 1)
@@ -164,6 +173,8 @@ def bake_image(image: str, work_dir: Path, lab_name: str = "bench-bake") -> floa
                 str(lab_vars),
                 "--save-image",
                 image,
+                "--target-instance-types",
+                ",".join(targets),
             ],
             env={"GPUFORGE_LAB_ARTIFACTS": env["GPUFORGE_LAB_ARTIFACTS"]},
             cwd=root,

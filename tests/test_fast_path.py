@@ -1,0 +1,57 @@
+"""The golden fast path's promises that a reading of the playbooks can check (the decision itself:
+tests/test_node_manifest.py; on a lab host from a baked image: tests/test_ami_local_bake.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BAKE = yaml.safe_load((REPO / "playbooks/bake.yml").read_text())
+INSTALL_PLAY = next(p for p in BAKE if p["name"] == "Bake the GPU software stack")
+INSTALL_ROLES = [r["role"].rsplit(".", 1)[-1] for r in INSTALL_PLAY["roles"]]
+
+
+def _tasks(role: str) -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = yaml.safe_load((REPO / "roles" / role / "tasks/main.yml").read_text())
+    return tasks
+
+
+@pytest.mark.parametrize("role", INSTALL_ROLES)
+def test_every_configure_task_of_an_install_role_is_baked(role: str) -> None:
+    """A golden node skips the install play: whatever it configures must already be in the image."""
+    left_out = [
+        t["name"]
+        for t in _tasks(role)
+        if "configure" in t.get("tags", []) and not {"install", "always"} & set(t.get("tags", []))
+    ]
+    assert left_out == [], f"{role}: tagged configure but not install (Packer never runs them)"
+
+
+def test_the_install_play_leaves_golden_hosts_out_after_one_decision() -> None:
+    decision = BAKE[0]
+    assert decision["hosts"] == INSTALL_PLAY["hosts"].split("{{ ':!")[0]
+    assert decision["gather_facts"] is False
+    assert ":!gpuforge_golden" in INSTALL_PLAY["hosts"]
+    assert [t.get("ansible.builtin.import_role", {}).get("tasks_from") for t in decision["tasks"][:3]] == [
+        "load_data.yml",
+        "read_manifest.yml",
+        "fast_path.yml",
+    ]
+    assert all("always" in t["tags"] for t in decision["tasks"])
+
+
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [
+        # A bake never trusts its builder's manifest; the drift check looks at golden nodes' install roles.
+        ("packer/gpuforge.pkr.hcl", '"-e", "gpuforge_full_install=true"'),
+        ("playbooks/drift.yml", "['--extra-vars', 'gpuforge_full_install=true']"),
+    ],
+)
+def test_bakes_and_the_drift_check_ask_for_the_full_install(path: str, text: str) -> None:
+    assert text in (REPO / path).read_text()

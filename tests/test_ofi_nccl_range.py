@@ -1,0 +1,216 @@
+"""The NCCL range of an aws-ofi-nccl release (data/aws_ofi_nccl.yml), answered by the Python module
+(gpuforge.ofi_nccl) and by the roles' tasks file (roles/gpuforge_common/tasks/ofi_nccl_range.yml) over
+the same cases, and the nccl role's adopt-or-install decision taken against the plugin in use.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge import ofi_nccl, policy, versions
+from localplay import record, run_cases
+
+REPO = Path(__file__).resolve().parents[1]
+
+# case -> (aws-ofi-nccl release, NCCL release, row used, NCCL inside the range, a note expected)
+CASES: dict[str, tuple[str, str, str, bool, bool]] = {
+    # The December 2026 pins: NCCL 2.30.7 beside aws-ofi-nccl 1.21.1.
+    "pins": ("1.21.1", "2.30.7", "1.21.1", True, False),
+    "at-tested-max": ("1.21.1", "2.31.2", "1.21.1", True, False),
+    "past-tested-max": ("1.21.1", "2.31.3", "1.21.1", False, False),
+    "below-backward-compat": ("1.21.1", "2.16.5", "1.21.1", False, False),
+    # What the pin alone got wrong: a base image's NCCL 2.31.2 beside an adopted bundle 1.21.0 is
+    # fine, while a 1.20.0 plugin was only tested up to 2.30.4.
+    "adopted-bundle-newer-range": ("1.21.0", "2.31.2", "1.21.0", True, False),
+    "older-plugin-narrower-range": ("1.20.0", "2.31.2", "1.20.0", False, False),
+    # A release with no row of its own: the newest older row, with a note; never more than that row allows.
+    "unknown-newer-release": ("1.22.0", "2.31.2", "1.21.1", True, True),
+    "unknown-newer-release-newer-nccl": ("1.22.0", "2.32.1", "1.21.1", False, True),
+    "unknown-between-rows": ("1.19.3", "2.29.7", "1.19.2", True, True),
+    # Older than every row: no range, so no NCCL is compatible.
+    "older-than-every-row": ("1.13.2", "2.21.5", "", False, True),
+    # Numbers compare as numbers: 1.9.0 is older than 1.14.0, not newer.
+    "numeric-not-lexical": ("1.9.0", "2.21.5", "", False, True),
+    # No NCCL to check: only the range.
+    "range-only": ("1.17.3", "", "1.17.3", True, False),
+}
+
+
+def _python(case: str) -> ofi_nccl.NcclRange:
+    return ofi_nccl.nccl_range(CASES[case][0])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_python_range(case: str) -> None:
+    _, nccl, row, inside, noted = CASES[case]
+    found = _python(case)
+    assert found.row == row
+    assert (found.check(nccl) == "") is inside
+    assert bool(found.note) is noted
+    if row:
+        assert (found.nccl_min, found.nccl_tested_max) == (
+            ofi_nccl.table()[row]["nccl_min"],
+            ofi_nccl.table()[row]["nccl_tested_max"],
+        )
+
+
+def test_messages_name_the_plugin_and_the_bound() -> None:
+    assert _python("past-tested-max").check("2.31.3") == (
+        "newer than 2.31.2, the newest NCCL aws-ofi-nccl 1.21.1 is tested with"
+    )
+    assert "add its row" in _python("unknown-newer-release").note
+    unknown = _python("older-than-every-row").check("2.21.5")
+    assert unknown == "no tested NCCL range is known for aws-ofi-nccl 1.13.2"
+
+
+def test_every_row_is_a_consistent_range() -> None:
+    """Each row's oldest NCCL is not above its newest, and the pinned plugin has a row of its own."""
+    rows = ofi_nccl.table()
+    for release, row in rows.items():
+        assert policy.compare(row["nccl_min"], row["nccl_tested_max"]) <= 0, release
+    manifest = versions.load()
+    pin = manifest.version("aws_ofi_nccl")
+    assert pin in rows, f"versions.yml pins aws-ofi-nccl {pin}: add its row to data/aws_ofi_nccl.yml"
+    assert _range_note(pin) == ""
+    # The pinned NCCL is inside the pinned plugin's range, or a bake would replace its own pin.
+    assert ofi_nccl.nccl_range(pin).check(manifest.version("nccl")) == ""
+
+
+def _range_note(release: str) -> str:
+    return ofi_nccl.nccl_range(release).note
+
+
+@pytest.fixture(scope="module")
+def role_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for case, (plugin, nccl, *_) in CASES.items():
+        cases[case] = [
+            {
+                "ansible.builtin.include_role": {
+                    "name": "gpuforge.gpu.gpuforge_common",
+                    "tasks_from": "ofi_nccl_range.yml",
+                },
+                "vars": {"gpuforge_common_ofi_nccl_release": plugin, "gpuforge_common_ofi_nccl_nccl": nccl},
+            },
+            record(case, "{{ gpuforge_ofi_nccl_range }}"),
+        ]
+    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())
+    return run_cases(
+        tmp_path_factory.mktemp("ofi-nccl-range"), cases, {"gpuforge_common_imds_enabled": False, **table}
+    )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_role_and_python_agree(role_results: dict[str, Any], case: str) -> None:
+    found = _python(case)
+    nccl = CASES[case][1]
+    assert role_results[case] == {
+        "plugin": found.plugin,
+        "row": found.row,
+        "nccl_min": found.nccl_min,
+        "nccl_tested_max": found.nccl_tested_max,
+        "note": found.note,
+        "outside": found.check(nccl),
+    }
+
+
+# Which plugin release the nccl role checks NCCL against (roles/nccl/tasks/plugin_range.yml as shipped):
+# case -> (nccl_plugin_version, what the aws_ofi_nccl role decided earlier in the play, its record, expected)
+PIN = "1.21.1"
+IN_USE_CASES: dict[str, tuple[str, str, dict[str, str] | None, str]] = {
+    "adopted-this-play": ("", "1.22.0", {"source": "bundled", "version": "1.21.0"}, "1.22.0"),
+    "recorded-earlier-run": ("", "", {"source": "bundled", "version": "1.21.0"}, "1.21.0"),
+    "recorded-build": ("", "", {"source": "built", "version": "1.20.0"}, "1.20.0"),
+    "skipped-is-the-pin": ("", "", {"source": "skipped", "version": "1.20.0"}, PIN),
+    "nothing-is-the-pin": ("", "", None, PIN),
+    "explicit-release": ("1.19.2", "1.22.0", None, "1.19.2"),
+}
+
+
+@pytest.fixture(scope="module")
+def in_use(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("ofi-nccl-in-use")
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for case, (explicit, this_play, recorded, _) in IN_USE_CASES.items():
+        record_file = root / case / "aws_ofi_nccl.json"
+        record_file.parent.mkdir()
+        if recorded is not None:
+            record_file.write_text(json.dumps(recorded))
+        earlier = {"plugin": this_play} if this_play else {}
+        cases[case] = [
+            # Each case starts from its own play state: what an aws_ofi_nccl role run left, or nothing.
+            {"ansible.builtin.set_fact": {"gpuforge_ofi_nccl_range": earlier}},
+            {
+                "ansible.builtin.include_tasks": str(REPO / "roles/nccl/tasks/plugin_range.yml"),
+                "vars": {
+                    "nccl_plugin_version": explicit,
+                    "gpuforge_ofi_nccl_record": str(record_file),
+                    "_nccl_installed": "2.30.7",
+                },
+            },
+            record(case, "{{ gpuforge_ofi_nccl_range.plugin }}"),
+        ]
+    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())
+    return run_cases(
+        tmp_path_factory.mktemp("ofi-nccl-in-use-play"),
+        cases,
+        {
+            "gpuforge_common_imds_enabled": False,
+            "gpuforge_versions": {"aws_ofi_nccl": {"version": PIN}},
+            **table,
+        },
+    )
+
+
+@pytest.mark.parametrize("case", list(IN_USE_CASES))
+def test_nccl_checks_against_the_plugin_in_use(in_use: dict[str, Any], case: str) -> None:
+    assert in_use[case] == IN_USE_CASES[case][-1]
+
+
+# The NCCL the nccl role installs must be inside the range of the plugin in use
+# (roles/nccl/tasks/pair_check.yml as shipped): case -> (plugin in use, policy action, NCCL after the run)
+PAIR_CASES: dict[str, tuple[str, str, str]] = {
+    "pin-inside-the-pinned-plugin": ("1.21.1", "install", "2.30.7"),
+    "pin-beyond-an-older-plugin": ("1.19.2", "install", "2.30.7"),
+    "plugin-older-than-every-row": ("1.13.2", "install", "2.30.7"),
+    "downgrade-checked-too": ("1.19.2", "downgrade", "2.30.7"),
+    # An adopted or kept NCCL passed the range when it was adopted.
+    "adopted-not-checked-again": ("1.19.2", "adopt", "2.30.7"),
+    "kept-not-checked-again": ("1.21.1", "keep", "2.30.7"),
+}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for case, (plugin, action, version) in PAIR_CASES.items():
+        cases[case] = [
+            {
+                "ansible.builtin.set_fact": {
+                    "gpuforge_ofi_nccl_range": {"plugin": plugin},
+                    "gpuforge_reality": {"nccl": {"action": action, "version": version}},
+                }
+            },
+            {"ansible.builtin.include_tasks": str(REPO / "roles/nccl/tasks/pair_check.yml")},
+            record(case, "passed"),
+        ]
+    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())
+    return run_cases(
+        tmp_path_factory.mktemp("ofi-nccl-pairs"), cases, {"gpuforge_common_imds_enabled": False, **table}
+    )
+
+
+@pytest.mark.parametrize("case", list(PAIR_CASES))
+def test_nccl_installed_beside_the_plugin_is_a_tested_pair(pairs: dict[str, Any], case: str) -> None:
+    plugin, action, version = PAIR_CASES[case]
+    outside = ofi_nccl.nccl_range(plugin).check(version) if action in ("install", "downgrade") else ""
+    if outside:
+        assert pairs[case] != "passed"
+        assert f"the pinned NCCL {version} is {outside}" in pairs[case]
+    else:
+        assert pairs[case] == "passed"
