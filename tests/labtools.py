@@ -113,14 +113,16 @@ def _playbook_env(env: dict[str, str]) -> dict[str, str]:
     return {**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"}
 
 
-def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
-    """ansible-playbook from the repository root with the lab's environment."""
+def playbook(
+    env: dict[str, str], *args: str, timeout: float = 1500, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook from the repository root (or `cwd`) with the lab's environment."""
     return subprocess.run(
         [str(BIN / "ansible-playbook"), *args],
         capture_output=True,
         text=True,
         check=False,
-        cwd=REPO,
+        cwd=cwd,
         env=_playbook_env(env),
         timeout=timeout,
     )
@@ -196,17 +198,21 @@ def _reboot(lab_name: str, host_name: str, image: str | None, *, fresh: bool) ->
     host.wait_ssh(lab_state, node)
 
 
+def lab_client(env: dict[str, str], service: str) -> Any:
+    """A boto3 client for the lab's moto_server (the test double), from the lab's `gpuforge lab env`."""
+    return boto3.client(
+        service,
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
 def put_munge_key(env: dict[str, str]) -> str:
     """A random munge key in the lab's SSM Parameter Store (moto), where the slurm role reads it."""
     key = base64.b64encode(secrets.token_bytes(96)).decode()
-    ssm = boto3.client(
-        "ssm",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    ssm.put_parameter(
+    lab_client(env, "ssm").put_parameter(
         Name=f"/gpuforge/{env['GPUFORGE_CLUSTER_NAME']}/munge-key",
         Type="SecureString",
         Value=key,
