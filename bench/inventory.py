@@ -1,21 +1,30 @@
 #!/usr/bin/env python3
-"""Inventory at fleet scale: the amazon.aws.aws_ec2 plugin (cold and cached) vs raw boto3.
+"""Inventory at fleet scale: gpuforge.gpu.ec2_fleet and amazon.aws.aws_ec2 (cold, cached) vs raw boto3.
 
-Starts its own moto_server (the test double for EC2) on a free loopback port, creates
---instances instances tagged as ParallelCluster tags its nodes, then times, --repeat times each:
+For each --instances size, one run:
 
-- boto3: a paginated describe_instances with the same filters as inventory/aws_ec2.yml;
-- ansible-inventory --list on inventory/aws_ec2.yml with --flush-cache (cold);
-- ansible-inventory --list again (cached: the jsonfile cache in a temporary directory);
-- ansible-inventory --list on an empty static inventory (the floor: Ansible's start-up).
+1. setup: starts its own moto_server (the EC2 test double) on a free loopback port and creates a
+   ParallelCluster-shaped fleet of that many running hosts (gpuforge.bench.ec2fleet: two clusters,
+   1 head node each, four fifths p5.48xlarge with 32 network interfaces, one fifth p4d.24xlarge
+   with 4, six subnets) with RunInstances MaxCount batches of --batch (a reservation each);
+2. moto's own time: a recording proxy (gpuforge.bench.replay, its own process) sits between every
+   client and moto. The first pass of each kind of request goes to moto and is timed there (the
+   "moto" rows); every timed case after that is answered from the proxy's memory, so the figures
+   are the clients' own work (HTTP on loopback, XML parsing, Ansible) and not the emulator's;
+3. times, --repeat times each: raw boto3 paging of describe_instances with the inventory's
+   filters; ansible-inventory --list with inventory/aws_ec2.yml and with the plugin
+   (inventory/ec2_fleet.yml's settings), each with --flush-cache (cold) and then from the cache
+   (jsonfile, in a temporary directory); and ansible-inventory on an empty inventory (the floor).
 
-moto answers describe_instances in one unpaged response (AWS pages at up to 1000) and takes
-~15 ms per instance on this shared 2-core machine, so 5,000 instances outlast botocore's
-default 60 s read timeout. Every client here (boto3 and, through a sitecustomize shim on
-PYTHONPATH, the plugin's) gets --read-timeout instead, and no retries, so a slow answer is
-measured rather than retried into a pile-up. That shim is for the emulator only.
+Pages: moto counts MaxResults in reservations, AWS in instances (up to 1,000). With reservations of
+--batch 10 instances, aws_ec2 (no MaxResults: moto's default of 100) and the plugin (page_size 100
+here) both get pages of 1,000 instances, as AWS would page them.
 
-Run: .venv/bin/python bench/inventory.py --instances 5000 --repeat 3
+moto may take minutes to answer a large describe; every client gets --read-timeout (the plugin
+through its read_timeout option, aws_ec2 through a sitecustomize shim on PYTHONPATH) and a single
+attempt, so a slow answer is measured, never retried. The shim exists only here.
+
+Run: .venv/bin/python bench/inventory.py --instances 500 5000 --repeat 1
 """
 
 from __future__ import annotations
@@ -23,154 +32,233 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.config import Config
 
-from gpuforge import aws
+from gpuforge.bench import ec2fleet
+from gpuforge.bench.replay import STATS_PATH
 from gpuforge.bench.timing import Sample, load_average, run_timed, table, time_call
-from gpuforge.lab.moto import MotoServer, free_port
+from gpuforge.lab.moto import HOST, MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-CLUSTER = "bench"
-BATCH = 500
 SHIM = """\
 # bench/inventory.py: raise botocore's default read timeout for the slow emulator (moto).
 import botocore.config
 
 botocore.config.Config.OPTION_DEFAULTS["read_timeout"] = {timeout}
 """
+# inventory/ec2_fleet.yml's settings, with moto's paging (see the docstring) and a longer read timeout.
+PLUGIN_CONFIG = """\
+plugin: gpuforge.gpu.ec2_fleet
+cache: true
+cache_plugin: ansible.builtin.jsonfile
+cache_timeout: 300
+cache_prefix: ec2_fleet
+page_size: {page_size}
+read_timeout: {timeout}
+max_attempts: 1
+"""
+CASES = (
+    "boto3 paginated describe_instances",
+    "aws_ec2.yml, cold (--flush-cache)",
+    "aws_ec2.yml, cached",
+    "ec2_fleet plugin, cold (--flush-cache)",
+    "ec2_fleet plugin, cached",
+    "ansible-inventory, empty inventory (floor)",
+)
 
 
-def populate(total: int) -> float:
-    """Create `total` instances (1 head node, the rest compute) in batches; return seconds taken."""
-    ec2 = aws.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
-    start = time.perf_counter()
-    made = 0
-    while made < total:
-        # The first instance is the head node; the rest are compute nodes, BATCH per call.
-        node_type = "HeadNode" if made == 0 else "Compute"
-        count = 1 if made == 0 else min(BATCH, total - made)
-        tags = [
-            {"Key": "parallelcluster:cluster-name", "Value": CLUSTER},
-            {"Key": "parallelcluster:node-type", "Value": node_type},
-        ]
-        if node_type == "Compute":
-            tags += [
-                {"Key": "parallelcluster:queue-name", "Value": "gpu"},
-                {"Key": "parallelcluster:compute-resource-name", "Value": "p5-48xlarge"},
-            ]
-        ec2.run_instances(
-            ImageId=image,
-            InstanceType="p5.48xlarge" if node_type == "Compute" else "c5.2xlarge",
-            MinCount=count,
-            MaxCount=count,
-            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
-        )
-        made += count
-    return time.perf_counter() - start
-
-
-def boto3_describe(read_timeout: int, page_size: int | None) -> int:
-    """What the plugin does, minus Ansible: paginate describe_instances with the inventory's filters."""
+def boto3_describe(endpoint: str, read_timeout: int, page_size: int) -> int:
+    """What the inventories do, minus Ansible: page through describe_instances with their filters."""
     config = Config(read_timeout=read_timeout, retries={"total_max_attempts": 1})
-    ec2 = boto3.session.Session().client("ec2", region_name=aws.region(), config=config)
+    ec2 = boto3.session.Session().client("ec2", region_name="us-east-1", endpoint_url=endpoint, config=config)
     pages = ec2.get_paginator("describe_instances").paginate(
         Filters=[
             {"Name": "instance-state-name", "Values": ["running"]},
             {"Name": "tag-key", "Values": ["parallelcluster:cluster-name"]},
         ],
-        PaginationConfig={"PageSize": page_size} if page_size else {},
+        PaginationConfig={"PageSize": page_size},
     )
     return sum(len(r["Instances"]) for page in pages for r in page["Reservations"])
 
 
-def inventory_hosts(stdout: str) -> int:
+def replay_stats(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + STATS_PATH, timeout=10) as reply:  # noqa: S310 (loopback)
+        stats: dict[str, float] = json.loads(reply.read())
+        return stats
+
+
+def start_replay(upstream: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuforge.bench.replay", "--port", str(port), "--upstream", upstream],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://{HOST}:{port}"
+    for _ in range(100):
+        try:
+            replay_stats(url)
+            return proc, url
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    proc.terminate()
+    raise SystemExit(f"bench: the replay proxy did not answer on {url}; see {log}")
+
+
+def hosts_in(stdout: str) -> int:
     data: dict[str, Any] = json.loads(stdout)
     return len(data.get("_meta", {}).get("hostvars", {}))
+
+
+def measure(total: int, args: argparse.Namespace) -> tuple[list[list[object]], list[str]]:
+    notes: list[str] = []
+    page_size = 1000 // args.batch
+    with tempfile.TemporaryDirectory(prefix="gpuforge-bench-inv-") as tmp_name:
+        tmp = Path(tmp_name)
+        server = MotoServer(port=free_port(), log_path=tmp / "moto.log")
+        server.start()
+        replay: subprocess.Popen[bytes] | None = None
+        try:
+            os.environ.update(server.env())
+            os.environ.pop("AWS_PROFILE", None)
+            ec2 = boto3.client(
+                "ec2",
+                endpoint_url=server.url,
+                config=Config(read_timeout=args.read_timeout, retries={"total_max_attempts": 1}),
+            )
+            setup = ec2fleet.build(ec2, ec2fleet.shape(total), batch=args.batch)
+            notes.append(f"{total} hosts: setup (moto RunInstances, batches of {args.batch}) {setup:.0f} s")
+            replay, url = start_replay(server.url, tmp / "replay.log")
+            shim = tmp / "shim"
+            shim.mkdir()
+            (shim / "sitecustomize.py").write_text(SHIM.format(timeout=args.read_timeout))
+            inv = tmp / "inventory"
+            inv.mkdir()
+            shutil.copy(REPO / "inventory/aws_ec2.yml", inv / "aws_ec2.yml")
+            (inv / "group_vars").symlink_to(REPO / "inventory/group_vars")
+            (inv / "ec2_fleet.yml").write_text(
+                PLUGIN_CONFIG.format(page_size=page_size, timeout=args.read_timeout)
+            )
+            env = {
+                **server.env(),
+                "AWS_ENDPOINT_URL": url,
+                "AWS_URL": url,
+                "ANSIBLE_INVENTORY_CACHE_CONNECTION": str(tmp / "inv-cache"),
+                "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "true",
+                "PYTHONPATH": str(shim),
+                "AWS_MAX_ATTEMPTS": "1",
+            }
+            ansible_inventory = str(BIN / "ansible-inventory")
+            aws_ec2 = [ansible_inventory, "-i", str(inv / "aws_ec2.yml"), "--list"]
+            plugin = [ansible_inventory, "-i", str(inv / "ec2_fleet.yml"), "--list"]
+            floor_inv = tmp / "empty.yml"
+            floor_inv.write_text("all:\n  hosts: {}\n")
+            floor = [ansible_inventory, "-i", str(floor_inv), "--list"]
+
+            # Priming: each kind of request reaches moto once; its time there is moto's own.
+            before = replay_stats(url)["upstream_seconds"]
+            found = 0
+
+            def describe() -> None:
+                nonlocal found
+                found = boto3_describe(url, args.read_timeout, page_size)
+
+            direct = time_call(describe)
+            moto_boto3 = replay_stats(url)["upstream_seconds"] - before
+            before = replay_stats(url)["upstream_seconds"]
+            aws_ec2_direct, _ = run_timed([*aws_ec2, "--flush-cache"], env=env, cwd=REPO)
+            moto_aws_ec2 = replay_stats(url)["upstream_seconds"] - before
+            notes.append(
+                f"{total} hosts: moto's own time for one describe pass: {moto_boto3:.1f} s as boto3 and the "
+                f"plugin ask (boto3 against moto: {direct:.1f} s), {moto_aws_ec2:.1f} s as aws_ec2 asks "
+                f"(aws_ec2 cold against moto: {aws_ec2_direct:.1f} s)"
+            )
+
+            samples = {label: Sample(label) for label in CASES}
+            counts: dict[str, int] = {}
+            sizes: dict[str, float] = {}
+            for _ in range(args.repeat):
+                samples[CASES[0]].seconds.append(time_call(describe))
+                counts[CASES[0]] = found
+                for label, cmd in (
+                    (CASES[1], [*aws_ec2, "--flush-cache"]),
+                    (CASES[2], aws_ec2),
+                    (CASES[3], [*plugin, "--flush-cache"]),
+                    (CASES[4], plugin),
+                    (CASES[5], floor),
+                ):
+                    took, out = run_timed(cmd, env=env, cwd=REPO)
+                    samples[label].seconds.append(took)
+                    counts[label] = hosts_in(out.stdout)
+                    sizes[label] = len(out.stdout) / 1e6
+                    del out
+            stats = replay_stats(url)
+            notes.append(
+                f"{total} hosts: the proxy forwarded {stats['forwarded']:.0f} requests to moto "
+                f"and answered {stats['served']:.0f} from memory"
+            )
+        finally:
+            if replay is not None:
+                replay.terminate()
+                replay.wait()
+            server.stop()
+    boto = samples[CASES[0]].median
+    rows: list[list[object]] = [
+        [
+            total,
+            s.label,
+            counts[s.label],
+            f"{sizes[s.label]:.1f}" if s.label in sizes else "",
+            s.median,
+            s.spread,
+            s.median / boto,
+        ]
+        for s in samples.values()
+    ]
+    return rows, notes
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--instances", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--read-timeout", type=int, default=900, help="seconds (botocore's default is 60)")
+    parser.add_argument("--instances", type=int, nargs="+", default=[500, 5000])
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--batch", type=int, default=10, help="instances per RunInstances call (a reservation)"
+    )
+    parser.add_argument("--read-timeout", type=int, default=1800, help="seconds (botocore's default is 60)")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="gpuforge-bench-inv-") as tmp:
-        server = MotoServer(port=free_port(), log_path=Path(tmp) / "moto.log")
-        server.start()
-        try:
-            os.environ.update(server.env())
-            os.environ.pop("AWS_PROFILE", None)
-            print(f"load before: {load_average()}")
-            created = populate(args.instances)
-            print(f"created {args.instances} instances in moto in {created:.1f}s")
-            shim = Path(tmp) / "shim"
-            shim.mkdir()
-            (shim / "sitecustomize.py").write_text(SHIM.format(timeout=args.read_timeout))
-            env = {
-                **server.env(),
-                "ANSIBLE_INVENTORY_CACHE_CONNECTION": str(Path(tmp) / "inv-cache"),
-                "PYTHONPATH": str(shim),
-                "AWS_MAX_ATTEMPTS": "1",
-            }
-            inv = [str(BIN / "ansible-inventory"), "-i", "inventory/aws_ec2.yml", "--list"]
-            floor_inv = Path(tmp) / "empty.yml"
-            floor_inv.write_text("all:\n  hosts: {}\n")
-
-            boto = Sample("boto3 paginated describe_instances")
-            paged = Sample("boto3, pages of 1000 (as AWS pages)")
-            cold = Sample("aws_ec2 plugin, cold (--flush-cache)")
-            cached = Sample("aws_ec2 plugin, cached")
-            floor = Sample("ansible-inventory on an empty inventory (floor)")
-            counts: dict[str, int] = {}
-            for _ in range(args.repeat):
-                found = 0
-
-                def describe() -> None:
-                    nonlocal found
-                    found = boto3_describe(args.read_timeout, None)
-
-                boto.seconds.append(time_call(describe))
-                counts[boto.label] = found
-
-                def describe_paged() -> None:
-                    nonlocal found
-                    found = boto3_describe(args.read_timeout, 1000)
-
-                paged.seconds.append(time_call(describe_paged))
-                counts[paged.label] = found
-                took, out = run_timed([*inv, "--flush-cache"], env=env, cwd=REPO)
-                cold.seconds.append(took)
-                counts[cold.label] = inventory_hosts(out.stdout)
-                took, out = run_timed(inv, env=env, cwd=REPO)
-                cached.seconds.append(took)
-                counts[cached.label] = inventory_hosts(out.stdout)
-                took, _ = run_timed(
-                    [str(BIN / "ansible-inventory"), "-i", str(floor_inv), "--list"], env=env, cwd=REPO
-                )
-                floor.seconds.append(took)
-                counts[floor.label] = 0
-        finally:
-            server.stop()
-
-    rows = [
-        [s.label, counts[s.label], s.median, s.spread, s.median / boto.median]
-        for s in (boto, paged, cold, cached, floor)
-    ]
-    print(f"\n{args.instances} instances, median of {args.repeat} runs; load after: {load_average()}\n")
-    print(table(["case", "hosts", "median s", "spread s", "x boto3"], rows))
-    print(f"\ncold / cached: {cold.median / cached.median:.1f}x")
+    print(f"command: .venv/bin/python bench/inventory.py {' '.join(sys.argv[1:])}")
+    print(f"load before: {load_average()}")
+    rows: list[list[object]] = []
+    notes: list[str] = []
+    for total in args.instances:
+        got_rows, got_notes = measure(total, args)
+        rows += got_rows
+        notes += got_notes
+        for note in got_notes:
+            print(note, flush=True)
+        print(
+            table(["hosts", "case", "found", "output MB", "median s", "spread s", "x boto3"], got_rows),
+            flush=True,
+        )
+    print(f"\nmedian of {args.repeat} run(s); load after: {load_average()}\n")
+    print(table(["hosts", "case", "found", "output MB", "median s", "spread s", "x boto3"], rows))
     return 0
 
 

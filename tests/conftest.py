@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -106,19 +107,30 @@ def no_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     assert calls == []
 
 
-@pytest.fixture
-def imdsv2_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """EC2 refuses ModifyInstanceMetadataOptions (as for a role without ec2:ModifyInstanceMetadataOptions)."""
+def _refuse(monkeypatch: pytest.MonkeyPatch, service: str, operation: str, code: str) -> None:
+    """Every gpuforge.aws client of `service` answers `operation` with a ClientError of `code`."""
     original = gpuforge_aws.client
 
-    def denying_client(service: str, region_name: str | None = None) -> Any:
-        client = original(service, region_name)
+    def denying_client(name: str, region_name: str | None = None) -> Any:
+        client = original(name, region_name)
 
         def deny(**_: Any) -> None:
-            error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this"}
-            raise ClientError({"Error": error}, "ModifyInstanceMetadataOptions")
+            error = {"Code": code, "Message": "You are not authorized to perform this"}
+            raise ClientError({"Error": error}, operation)
 
-        client.meta.events.register("before-call.ec2.ModifyInstanceMetadataOptions", deny)
+        client.meta.events.register(f"before-call.{service}.{operation}", deny)
         return client
 
     monkeypatch.setattr(gpuforge_aws, "client", denying_client)
+
+
+@pytest.fixture
+def imdsv2_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EC2 refuses ModifyInstanceMetadataOptions (as for a role without ec2:ModifyInstanceMetadataOptions)."""
+    _refuse(monkeypatch, "ec2", "ModifyInstanceMetadataOptions", "UnauthorizedOperation")
+
+
+@pytest.fixture
+def refuse_aws(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, str], None]:
+    """refuse_aws(service, operation, code): gpuforge.aws clients answer that call with a ClientError."""
+    return functools.partial(_refuse, monkeypatch)

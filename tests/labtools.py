@@ -9,13 +9,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -108,17 +109,66 @@ def on(lab_name: str, host: str, command: str, *, check: bool = True, timeout: f
     return out.stdout
 
 
-def playbook(env: dict[str, str], *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
-    """ansible-playbook from the repository root with the lab's environment."""
+def _playbook_env(env: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
+def playbook(
+    env: dict[str, str], *args: str, timeout: float = 1500, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook from the repository root (or `cwd`) with the lab's environment."""
     return subprocess.run(
         [str(BIN / "ansible-playbook"), *args],
         capture_output=True,
         text=True,
         check=False,
-        cwd=REPO,
-        env={**os.environ, **env, "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{BIN}:{os.environ['PATH']}"},
+        cwd=cwd,
+        env=_playbook_env(env),
         timeout=timeout,
     )
+
+
+def inventory_addresses(env: dict[str, str], *args: str) -> dict[str, str]:
+    """Each host of the lab's inventory (`ansible-inventory --list`, cache flushed) and its ansible_host."""
+    out = subprocess.run(
+        [str(BIN / "ansible-inventory"), "--list", "--flush-cache", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env=_playbook_env(env),
+    )
+    hostvars = json.loads(out.stdout)["_meta"]["hostvars"]
+    # ansible-inventory marks values from the cloud as unsafe: {"__ansible_unsafe": "10.213.1.10"}.
+    addresses = {name: v["ansible_host"] for name, v in hostvars.items()}
+    return {name: str(a["__ansible_unsafe"] if isinstance(a, dict) else a) for name, a in addresses.items()}
+
+
+def playbook_interrupted(
+    env: dict[str, str], *args: str, at: str, then: Callable[[], None], timeout: float = 1500
+) -> tuple[int, str]:
+    """`playbook`, calling then() once (a fault: a host killed, its sshd stopped) at the first output line
+    that starts with regex `at`, while the play runs on. Its exit status and output (stderr merged)."""
+    proc = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=_playbook_env(env),
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    done = False
+    for line in proc.stdout:
+        lines.append(line)
+        if not done and re.match(at, line):
+            then()
+            done = True
+    returncode = proc.wait(timeout=timeout)
+    out = "".join(lines)
+    assert done, f"ansible-playbook {' '.join(args)} never printed a line matching {at!r}:\n{out[-3000:]}"
+    return returncode, out
 
 
 def relaunch(lab_name: str, host_name: str, image: str | None = None) -> None:
@@ -164,17 +214,21 @@ def _reboot(lab_name: str, host_name: str, image: str | None, *, fresh: bool) ->
     host.wait_ssh(lab_state, node)
 
 
+def lab_client(env: dict[str, str], service: str) -> Any:
+    """A boto3 client for the lab's moto_server (the test double), from the lab's `gpuforge lab env`."""
+    return boto3.client(
+        service,
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
 def put_munge_key(env: dict[str, str]) -> str:
     """A random munge key in the lab's SSM Parameter Store (moto), where the slurm role reads it."""
     key = base64.b64encode(secrets.token_bytes(96)).decode()
-    ssm = boto3.client(
-        "ssm",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    ssm.put_parameter(
+    lab_client(env, "ssm").put_parameter(
         Name=f"/gpuforge/{env['GPUFORGE_CLUSTER_NAME']}/munge-key",
         Type="SecureString",
         Value=key,

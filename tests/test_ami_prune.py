@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -13,7 +15,7 @@ import yaml
 from gpuforge import cli
 from gpuforge.ami import images, prune, publish
 from gpuforge.ami.references import Sources
-from gpuforge.errors import UserError
+from gpuforge.errors import ExternalError, UserError
 from gpuforge.lab.moto import MotoServer
 from imagetools import baked_image
 
@@ -151,6 +153,24 @@ def test_stale_reason(aws: MotoServer) -> None:
 
 def _plan(**sources: object) -> prune.PrunePlan:
     return prune.plan("dlami", keep=1, sources=Sources(**sources))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("service", "operation", "what"),
+    [
+        ("ssm", "GetParametersByPath", "SSM GetParametersByPath /gpuforge/"),
+        ("ec2", "DescribeLaunchTemplates", "EC2 DescribeLaunchTemplates"),
+        ("cloudformation", "DescribeStacks", "CloudFormation DescribeStacks"),
+    ],
+)
+def test_a_source_that_cannot_be_listed_stops_the_prune(
+    five: list[str], refuse_aws: Callable[[str, str, str], None], service: str, operation: str, what: str
+) -> None:
+    """Pruning without a whole protection source could delete an image in use: it stops, naming the call."""
+    refuse_aws(service, operation, "AccessDenied")
+    with pytest.raises(ExternalError, match=rf"^{re.escape(what)} failed: .*AccessDenied"):
+        _plan()
+    assert set(five) <= _existing()
 
 
 def test_every_parameter_under_the_prefix_protects_across_pages(five: list[str]) -> None:

@@ -74,13 +74,18 @@ def _prepare(root: Path, case: str, plugins: dict[str, bytes]) -> dict[str, str]
     return {"prefix": str(prefix), "cuda_home": str(cuda_home)}
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def _standin_plugins(tmp_path_factory: pytest.TempPathFactory, *releases: str) -> dict[str, bytes]:
+    """The compiled stand-in plugin of each version (skips without a C compiler)."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("needs a C compiler for the stand-in plugin")
-    root = tmp_path_factory.mktemp("ofi-plan")
     work = tmp_path_factory.mktemp("ofi-plugin")
-    plugins = {v: fixtures.standin_plugin(v, work) for v in {PIN, "1.9.1", NEWER}}
+    return {v: fixtures.standin_plugin(v, work) for v in set(releases)}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    plugins = _standin_plugins(tmp_path_factory, PIN, "1.9.1", NEWER)
+    root = tmp_path_factory.mktemp("ofi-plan")
     cases: dict[str, list[dict[str, Any]]] = {}
     for case, (_, _, _, source) in CASES.items():
         dirs = _prepare(root, case, plugins)
@@ -152,11 +157,8 @@ BUILT_VERSION = "1.13.2"
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("needs a C compiler for the stand-in plugin")
+    plugins = _standin_plugins(tmp_path_factory, PIN, BUILT_VERSION)
     root = tmp_path_factory.mktemp("ofi-find")
-    work = tmp_path_factory.mktemp("ofi-find-plugin")
-    plugins = {v: fixtures.standin_plugin(v, work) for v in {PIN, BUILT_VERSION}}
     cases: dict[str, list[dict[str, Any]]] = {}
     for case, (record_data, built_lib, bundled_lib) in FIND_CASES.items():
         base = root / case

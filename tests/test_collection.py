@@ -13,9 +13,12 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+
+import labtools
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -108,9 +111,10 @@ def test_every_role_playbook_and_data_file_is_in_the_collection(built: Path) -> 
     }
 
 
-def test_installed_collection_documents_its_plugins(installed: Path, outside: Path) -> None:
+def _installed_doc(outside: Path, kind: str, name: str) -> dict[str, Any]:
+    """`ansible-doc --json` of the installed collection's `kind` plugin `name`, run outside the checkout."""
     result = subprocess.run(
-        [str(BIN / "ansible-doc"), "--json", "-t", "lookup", f"{FQCN}.data_file"],
+        [str(BIN / "ansible-doc"), "--json", "-t", kind, f"{FQCN}.{name}"],
         capture_output=True,
         text=True,
         check=False,
@@ -119,24 +123,19 @@ def test_installed_collection_documents_its_plugins(installed: Path, outside: Pa
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)[f"{FQCN}.data_file"]["doc"]
+    entry: dict[str, Any] = json.loads(result.stdout)[f"{FQCN}.{name}"]
+    return entry
+
+
+def test_installed_collection_documents_its_plugins(installed: Path, outside: Path) -> None:
+    doc = _installed_doc(outside, "lookup", "data_file")["doc"]
     assert doc["short_description"] == "Path of one of the gpuforge collection's shared data files"
     # The installed copy answers, not this checkout.
     assert doc["filename"].startswith(str(installed))
 
 
 def test_installed_collection_documents_its_inventory_plugin(installed: Path, outside: Path) -> None:
-    result = subprocess.run(
-        [str(BIN / "ansible-doc"), "--json", "-t", "inventory", f"{FQCN}.ec2_fleet"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=outside,
-        env={**os.environ, "ANSIBLE_CONFIG": str(outside / "ansible.cfg")},
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    entry = json.loads(result.stdout)[f"{FQCN}.ec2_fleet"]
+    entry = _installed_doc(outside, "inventory", "ec2_fleet")
     assert entry["doc"]["filename"].startswith(str(installed))
     assert entry["doc"]["options"]["plugin"]["choices"] == [f"{FQCN}.ec2_fleet"]
     # The inventory cache's options come from ansible-core's fragment.
@@ -164,21 +163,9 @@ def test_installed_collection_runs_on_a_lab_host(
 ) -> None:
     """Check mode of the installed gpuforge_common role, outside the checkout, on the lab."""
     (outside / "play.yml").write_text(PLAY)
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(REPO / "inventory/aws_ec2.yml"), "--check", "play.yml"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=outside,
-        env={
-            **os.environ,
-            **fleet_lab,
-            "ANSIBLE_CONFIG": str(outside / "ansible.cfg"),
-            "ANSIBLE_FORCE_COLOR": "0",
-            "PATH": f"{BIN}:{os.environ['PATH']}",
-        },
-        timeout=900,
-    )
+    env = {**fleet_lab, "ANSIBLE_CONFIG": str(outside / "ansible.cfg")}
+    inventory = str(REPO / "inventory/aws_ec2.yml")
+    result = labtools.playbook(env, "-i", inventory, "--check", "play.yml", cwd=outside, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     own = installed / "ansible_collections" / GALAXY["namespace"] / GALAXY["name"] / "versions.yml"
     assert result.stdout.count(f"versions file: {own}") == 2, result.stdout[-3000:]

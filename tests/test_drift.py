@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 import yaml
 
@@ -35,16 +34,16 @@ def baked(fleet_lab: dict[str, str], run_playbook: PlaybookRunner) -> dict[str, 
     return fleet_lab
 
 
-def _tag_lab_image(env: dict[str, str], tags: dict[str, str]) -> None:
-    client = boto3.client(
-        "ec2",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
+def _lab_images(env: dict[str, str]) -> tuple[Any, list[str]]:
+    """The lab's EC2 client and the images its hosts run."""
+    client = labtools.lab_client(env, "ec2")
     images = {i["ImageId"] for r in client.describe_instances()["Reservations"] for i in r["Instances"]}
-    client.create_tags(Resources=sorted(images), Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+    return client, sorted(images)
+
+
+def _tag_lab_image(env: dict[str, str], tags: dict[str, str]) -> None:
+    client, images = _lab_images(env)
+    client.create_tags(Resources=images, Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
 
 
 def test_fresh_nodes_match_versions_yml_and_their_image(
@@ -129,12 +128,5 @@ def test_installed_release_differing_from_the_image_is_drift(
 
 
 def _untag_lab_image(env: dict[str, str], tags: dict[str, str]) -> None:
-    client = boto3.client(
-        "ec2",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
-    images = {i["ImageId"] for r in client.describe_instances()["Reservations"] for i in r["Instances"]}
-    client.delete_tags(Resources=sorted(images), Tags=[{"Key": k} for k in tags])
+    client, images = _lab_images(env)
+    client.delete_tags(Resources=images, Tags=[{"Key": k} for k in tags])

@@ -18,6 +18,7 @@ import boto3
 import pytest
 
 from gpuforge.bench import ec2fleet
+from gpuforge.bench.throttle import ThrottlingProxy
 from gpuforge.lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,6 +144,24 @@ def test_plugin_lists_several_regions_and_filters_clusters(aws: MotoServer, tmp_
     )
     west_only = listing(config, tmp_path)
     assert sorted(west_only["_meta"]["hostvars"]) == sorted(data["cluster_west"]["hosts"])
+
+
+def test_plugin_rides_out_ec2_throttling(fleet: MotoServer, tmp_path: Path) -> None:
+    """RequestLimitExceeded (from the throttling test double) is retried; with one attempt it is one line."""
+    proxy = ThrottlingProxy(fleet.url, throttle_first=3).start()
+    try:
+        retried = inventory(PLUGIN, tmp_path, "--flush-cache", env={"AWS_ENDPOINT_URL": proxy.url})
+        assert retried.returncode == 0, retried.stderr
+        assert len(json.loads(retried.stdout)["_meta"]["hostvars"]) == 10
+        assert proxy.counts.throttled == 3
+        config = tmp_path / "once.ec2_fleet.yml"
+        config.write_text("plugin: gpuforge.gpu.ec2_fleet\nmax_attempts: 1\n")
+        proxy.counts.throttled = 0
+        once = inventory(config, tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
+        assert once.returncode != 0
+        assert "describe_instances in us-east-1 refused: RequestLimitExceeded" in once.stderr, once.stderr
+    finally:
+        proxy.stop()
 
 
 @pytest.mark.parametrize(

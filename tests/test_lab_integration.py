@@ -76,23 +76,8 @@ def test_inventory_groups_by_parallelcluster_tags(lab: dict[str, object]) -> Non
         "@compute",
     ):
         assert group in out.stdout, out.stdout
-    listing = subprocess.run(
-        ["ansible-inventory", "-i", "inventory/aws_ec2.yml", "--list"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, **env},
-        check=True,
-    )
-    hostvars = json.loads(listing.stdout)["_meta"]["hostvars"]
-    # ansible-inventory marks values from the cloud as unsafe: {"__ansible_unsafe": "10.213.1.10"}.
-    addresses = [
-        v["ansible_host"].get("__ansible_unsafe")
-        if isinstance(v["ansible_host"], dict)
-        else v["ansible_host"]
-        for v in hostvars.values()
-    ]
-    assert sorted(addresses) == sorted(h["ip"] for h in lab["hosts"])
+    addresses = labtools.inventory_addresses(env, "-i", "inventory/aws_ec2.yml")
+    assert sorted(addresses.values()) == sorted(h["ip"] for h in lab["hosts"])
 
 
 def test_ansible_ping_reaches_every_host(lab: dict[str, object]) -> None:

@@ -6,12 +6,11 @@ the files named synthetic-*.
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import yaml
 from matplotlib.axes import Axes
 
+import clitools
 from gpuforge import cli as gpuforge_cli
 from gpuforge import instance_types
 from gpuforge.errors import UserError
@@ -358,12 +358,7 @@ def test_plot_shows_units_both_halves_the_gib_line_and_the_collective() -> None:
     assert figure(judge(only(ALLGATHER), "p5.48xlarge")).axes[0].get_title().startswith("unknown collective")
 
 
-def cli(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpuforge")
-    nccl_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.handler(args)
-    return code
+cli = functools.partial(clitools.run, nccl_cli)
 
 
 def test_record_a_baseline_then_gate_on_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

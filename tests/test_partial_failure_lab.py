@@ -10,9 +10,7 @@ the host it left out; after sshd returns a rerun converges, and the run after it
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,12 +20,12 @@ import pytest
 import labtools
 from gpuforge.bench import labrun
 from gpuforge.lab import core as lab_core
-from labtools import BIN, LAB_MARKS, REPO, lab_up, recap
+from labtools import LAB_MARKS, lab_up, recap
 
 LAB = labtools.lab_name("partial")
 PLAYBOOK = "playbooks/fleet.yml"
 # The slurm role's task headers, by short or collection (FQCN) role name.
-SLURM_TASK = re.compile(r"TASK \[(?:gpuforge\.gpu\.)?slurm : ")
+SLURM_TASK = r"TASK \[(?:gpuforge\.gpu\.)?slurm : "
 
 pytestmark = [*LAB_MARKS, pytest.mark.slow]
 
@@ -57,26 +55,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 def run_stopping_sshd(env: dict[str, str], victim: str) -> tuple[int, str]:
     """fleet.yml, stopping the victim's sshd once the slurm role's first task starts."""
-    proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "--flush-cache", PLAYBOOK],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, **env},
+    return labtools.playbook_interrupted(
+        env,
+        "--flush-cache",
+        PLAYBOOK,
+        at=SLURM_TASK,
+        then=lambda: labrun.stop_sshd(LAB, victim),
+        timeout=1800,
     )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    stopped = False
-    for line in proc.stdout:
-        lines.append(line)
-        if not stopped and SLURM_TASK.match(line):
-            labrun.stop_sshd(LAB, victim)
-            stopped = True
-    returncode = proc.wait(timeout=1800)
-    out = "".join(lines)
-    assert stopped, f"{PLAYBOOK} never reached the slurm role:\n{out[-3000:]}"
-    return returncode, out
 
 
 def host_key(stats: dict[str, dict[str, int]], ip: str) -> str:

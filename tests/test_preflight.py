@@ -7,14 +7,14 @@ cluster that is right, then one that is wrong in exactly one way.
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
 import pytest
 
+import clitools
 from gpuforge import cli as gpuforge_cli
 from gpuforge import instance_types
 from gpuforge.errors import UserError
@@ -356,12 +356,7 @@ def test_table_lists_every_row_and_the_verdict(lab: Lab) -> None:
         assert line[column:] == r.detail
 
 
-def cli(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpuforge")
-    preflight_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.handler(args)
-    return code
+cli = functools.partial(clitools.run, preflight_cli)
 
 
 def test_cli_exit_codes(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,13 +8,9 @@ on it dies at once and SSH connections drop, as on a power loss. Needs root, lik
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +19,8 @@ import pytest
 
 import labtools
 from gpuforge.bench import labrun
-from labtools import recap
+from labtools import LAB_MARKS, REPO, recap
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 LAB = labtools.lab_name("rel")
 EFA_PACKAGES = ("rdma-core", "ibverbs-providers", "libfabric1", "libfabric-bin")
 # Only the efa role's distribution packages (a real role's ansible.builtin.apt task): the
@@ -67,14 +61,7 @@ done
 kill -9 "$d" "$apt"
 """
 
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
-        reason="the lab needs root and systemd-nspawn (apt-get install systemd-container)",
-    ),
-]
+pytestmark = [*LAB_MARKS, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -98,18 +85,7 @@ def env(lab: labrun.Lab, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 @pytest.fixture(scope="module")
 def names(env: dict[str, str]) -> dict[str, str]:
     """Lab host IP -> its inventory hostname (the aws_ec2 plugin's private DNS name)."""
-    out = subprocess.run(
-        [str(BIN / "ansible-inventory"), "--list", "--flush-cache"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-        env={**os.environ, **env},
-    )
-    hostvars = json.loads(out.stdout)["_meta"]["hostvars"]
-    # ansible-inventory marks values from the cloud as unsafe: {"__ansible_unsafe": "10.213.1.10"}.
-    ips = {k: v["ansible_host"] for k, v in hostvars.items()}
-    return {str(ip["__ansible_unsafe"] if isinstance(ip, dict) else ip): k for k, ip in ips.items()}
+    return {ip: name for name, ip in labtools.inventory_addresses(env).items()}
 
 
 def playbook(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -130,28 +106,16 @@ def test_killed_host_is_reported_others_finish_and_rerun_converges(
 ) -> None:
     victim = lab.hosts[1]
     victim_name = names[victim["ip"]]
-    proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), PLAYBOOK],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, **env},
+    # Kill the host once the first role task (after fact gathering) is under way. The role's tasks
+    # show as "TASK [gpuforge.gpu.gpuforge_common : ..." (FQCN) or short.
+    returncode, out = labtools.playbook_interrupted(
+        env,
+        PLAYBOOK,
+        at=r"TASK \[(?:gpuforge\.gpu\.)?gpuforge_common : ",
+        then=lambda: labrun.kill_host(LAB, victim["name"]),
+        timeout=900,
     )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    killed = False
-    # Kill the host once the first role task (after fact gathering) is under way.
-    for line in proc.stdout:
-        lines.append(line)
-        # The role's tasks show as "TASK [gpuforge.gpu.gpuforge_common : ..." (FQCN) or short.
-        if not killed and re.match(r"TASK \[(?:gpuforge\.gpu\.)?gpuforge_common : ", line):
-            labrun.kill_host(LAB, victim["name"])
-            killed = True
-    proc.wait(timeout=900)
-    out = "".join(lines)
-    assert killed, f"{PLAYBOOK} never reached a gpuforge_common task:\n{out[-3000:]}"
-    assert proc.returncode != 0, out[-3000:]
+    assert returncode != 0, out[-3000:]
     stats = recap(out)
     assert set(stats) == set(names.values()), out[-3000:]
     assert stats[victim_name]["unreachable"] + stats[victim_name]["failed"] >= 1, out[-3000:]

@@ -7,7 +7,6 @@ lab shares two cores: three bakes side by side take far less than three in a row
 (new host keys, as an instance of the sanitized image gets) and baked once more, which must change
 nothing. Every other assertion reads those two bakes. The cases that need a changed host (a
 component below its floor, a pin below the installed release) run one role, on one twin, after.
-The bake tests are opt-in for now (GPUFORGE_TWIN_BAKE=1, see BAKE_BLOCKED).
 
 Needs root, systemd-nspawn (the lab), gcc, dpkg-deb and packer; CI installs them.
 """
@@ -38,17 +37,32 @@ TWIN_LAB = labtools.lab_name("twin")
 NAMES = twinlab.names()
 # The twin the role-level cases (below the floor, pin below the installed release) change.
 CHANGED_TWIN = "dlami-ubuntu2204"
-# Opt-in until one full run of this module is green (the DLAMI 22.04 twin's bake, its changed=0
-# rerun and the toolkit cases were run by hand; the three side by side, as CI would, not yet).
-# Set GPUFORGE_TWIN_BAKE=1 to run it.
-BAKE_BLOCKED = (
-    ""
-    if os.environ.get("GPUFORGE_TWIN_BAKE") == "1"
-    else "opt-in (GPUFORGE_TWIN_BAKE=1) until one full run of the twin bakes is green"
-)
+# Twins whose real image `gpuforge bake` cannot bake yet, with the refusal it stops with: the bake
+# tests of that twin are strict xfails (a bake that starts passing fails them, so this entry goes),
+# and test_blocked_twin_bake_stops_with_its_known_refusal proves the bake stops for that reason only.
+BLOCKED: dict[str, tuple[str, str]] = {
+    "pcluster-ubuntu2204": (
+        # The refusal, as the aws_ofi_nccl role words it.
+        "No valid sha256 is pinned for the aws-ofi-nccl 1.21.1 source tarball",
+        "ParallelCluster 3.16.1's EFA installer 1.49.0 bundles aws-ofi-nccl 1.20.0, below the floor 1.21.1 "
+        "(1.20.0 is tested with NCCL up to 2.30.4, the pin is 2.30.7), so the bake builds 1.21.1, and no "
+        "sha256 of its source is published (its release page gives a sha512 of the make-dist tarball)",
+    ),
+}
+
+
+def bake_params(names: list[str]) -> list[Any]:
+    """`names` for parametrize, a blocked twin as a strict xfail."""
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=BLOCKED[name][1]))
+        if name in BLOCKED
+        else name
+        for name in names
+    ]
+
+
 needs_bake = pytest.mark.skipif(
-    bool(BAKE_BLOCKED) or shutil.which("packer") is None,
-    reason=BAKE_BLOCKED or "the bake needs packer (apt-get install packer)",
+    shutil.which("packer") is None, reason="the bake needs packer (apt-get install packer)"
 )
 
 pytestmark = [
@@ -94,7 +108,7 @@ def facts(twin: dict[str, Any]) -> dict[str, str]:
     record: twinlab.Twin = twin["record"]
     packages = [
         package
-        for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit")
+        for component in twinlab.PACKAGED
         for package in ((record.component(component) or {}).get("packages") or {})
     ]
     script = "; ".join(
@@ -122,7 +136,7 @@ def test_twin_boots_as_the_recorded_image(twins: dict[str, dict[str, Any]], name
     assert driver is not None and efa is not None
     assert found["smi"] == found["module"] == driver["version"]
     assert found["efa"] == f"# EFA installer version: {efa['version']}"
-    for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit"):
+    for component in twinlab.PACKAGED:
         for package, version in ((record.component(component) or {}).get("packages") or {}).items():
             assert found[f"pkg:{package}"] == version
     pcluster = record.parallelcluster
@@ -231,20 +245,23 @@ def baked(
     def first(name: str) -> dict[str, Any]:
         twin = twins[name]
         result = bake(twin, tmp / name / "first", lab_vars)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+        # Each test asserts the bake succeeded (a blocked twin's fails there, as its xfail says).
         upper, merged = host_tree(twin)
         overlay = twinlab.overlay(twin["record"], os.uname().release, (tmp / name / "overlay"))
+        manifest = merged / "etc/gpuforge/manifest.json"
         return {
             "first": result,
-            "run_dir": Path(result.stdout.strip().splitlines()[-1]),
+            "run_dir": Path(result.stdout.strip().splitlines()[-1]) if result.returncode == 0 else None,
             "after": dpkg_versions(merged),
             # A file the twin recorded shows up in the host's writable layer once anything rewrote it.
             "touched": sorted(path for path in overlay.files if os.path.lexists(upper / path)),
             # What the node would tell a cluster: read now, before the second bake rewrites it.
-            "manifest": json.loads((merged / "etc/gpuforge/manifest.json").read_text()),
+            "manifest": json.loads(manifest.read_text()) if result.returncode == 0 else None,
         }
 
-    def second(name: str) -> subprocess.CompletedProcess[str]:
+    def second(name: str) -> subprocess.CompletedProcess[str] | None:
+        if results[name]["first"].returncode != 0:
+            return None  # nothing to bake again
         twin = twins[name]
         relaunch(TWIN_LAB, twin["host"]["name"], twin["image"])
         result = bake(twin, tmp / name / "second", lab_vars)
@@ -261,16 +278,17 @@ def baked(
 
 
 @needs_bake
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", bake_params(NAMES))
 def test_bake_changes_no_recorded_component_at_or_above_its_floor(
     twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]], name: str
 ) -> None:
     """Adopted, not replaced: no file the twin recorded was rewritten, no recorded package changed."""
     result = baked[name]
+    assert_baked(result)
     assert result["touched"] == []
     record: twinlab.Twin = twins[name]["record"]
     policy = versions.load().components
-    for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit"):
+    for component in twinlab.PACKAGED:
         recorded = record.component(component)
         if recorded is None:
             continue
@@ -281,11 +299,34 @@ def test_bake_changes_no_recorded_component_at_or_above_its_floor(
 
 
 @needs_bake
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", bake_params(NAMES))
 def test_second_bake_changes_nothing(baked: dict[str, dict[str, Any]], name: str) -> None:
+    assert_baked(baked[name])
     second = baked[name]["second"]
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
     assert bake_recap(second)["changed"] == 0, second.stderr[-6000:]
+
+
+def assert_baked(result: dict[str, Any]) -> None:
+    first = result["first"]
+    assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
+
+
+@needs_bake
+@pytest.mark.parametrize("name", sorted(BLOCKED))
+def test_blocked_twin_bake_stops_with_its_known_refusal(
+    twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]], name: str
+) -> None:
+    """A blocked twin's bake fails for the reason BLOCKED gives, and changes no recorded component."""
+    first = baked[name]["first"]
+    assert first.returncode != 0
+    assert BLOCKED[name][0] in " ".join(_PACKER_PREFIX.sub("", first.stderr).split())
+    assert baked[name]["touched"] == []
+    for component in twinlab.PACKAGED:
+        for package, version in (
+            (twins[name]["record"].component(component) or {}).get("packages") or {}
+        ).items():
+            assert baked[name]["after"].get(package) == version, (component, package)
 
 
 def expected_installed(record: twinlab.Twin) -> dict[str, dict[str, str]]:
@@ -302,11 +343,12 @@ def expected_installed(record: twinlab.Twin) -> dict[str, dict[str, str]]:
 
 
 @needs_bake
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", bake_params(NAMES))
 def test_manifest_lists_the_actual_versions(
     twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]], name: str
 ) -> None:
     """/etc/gpuforge/manifest.json: what is really on the node and where it came from, next to the pins."""
+    assert_baked(baked[name])
     manifest = baked[name]["manifest"]
     assert manifest["versions_hash"] == versions.load().digest
     installed = {
@@ -317,6 +359,11 @@ def test_manifest_lists_the_actual_versions(
 
 
 @needs_bake
+@pytest.mark.xfail(
+    condition=any(twinlab.load(name).flavor == "pcluster" for name in BLOCKED),
+    strict=True,
+    reason="the ParallelCluster twin's bake is blocked: see BLOCKED",
+)
 def test_pcluster_twin_keeps_the_parallelcluster_marker_and_tags(
     twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]]
 ) -> None:
@@ -324,6 +371,7 @@ def test_pcluster_twin_keeps_the_parallelcluster_marker_and_tags(
     (name,) = [name for name in NAMES if twins[name]["record"].flavor == "pcluster"]
     pcluster = twins[name]["record"].parallelcluster
     assert pcluster is not None
+    assert_baked(baked[name])
     assert "opt/parallelcluster/.bootstrapped" not in baked[name]["touched"]
     _, merged = host_tree(twins[name])
     assert (merged / "opt/parallelcluster/.bootstrapped").read_text().strip() == pcluster["marker"]

@@ -40,6 +40,10 @@ MARKER = "GPUFORGE-TWIN"  # in every file a twin adds, so no one mistakes it for
 MODULE_DIR = "lib/modules/{kernel}/updates/dkms"
 
 
+# The components a record lists as dpkg packages (name -> version).
+PACKAGED = ("nvidia_fabricmanager", "dcgm", "gdrcopy", "nvidia_container_toolkit")
+
+
 def names() -> list[str]:
     return sorted(path.stem for path in RECORDS.glob("*.yml"))
 
@@ -122,7 +126,7 @@ def overlay(twin: Twin, kernel: str, workdir: Path) -> Overlay:
     _driver(out, twin.component("nvidia_driver"), kernel, workdir)
     _cuda(out, twin.component("cuda"))
     _efa(out, twin.component("efa_installer"), twin.component("aws_ofi_nccl"), workdir)
-    for name in ("dcgm", "gdrcopy", "nvidia_container_toolkit"):
+    for name in PACKAGED:
         _packages(out, name, twin.component(name))
     pcluster = twin.parallelcluster
     if pcluster:
@@ -148,24 +152,28 @@ def _driver(out: Overlay, driver: dict[str, Any] | None, kernel: str, workdir: P
         ),
         0o755,
     )
-    # The runfile installer's own uninstaller and log: what tells a runfile install apart.
+    # The runfile installs the persistence daemon but no unit for it (only NVIDIA's sample init
+    # scripts), so the image has the binary and no nvidia-persistenced.service.
+    out.add(
+        "/usr/bin/nvidia-persistenced",
+        _script(f'echo "nvidia-persistenced {version} ({MARKER}: no GPU)" >&2\nexit 1\n'),
+        0o755,
+    )
+    # The runfile installer's own uninstaller: what tells a runfile install apart. Its log
+    # (/var/log/nvidia-installer.log) is not on the image: an AMI build removes every file under
+    # /var/log (aws-parallelcluster-cookbook files/ami_cleanup.sh), as gpuforge's sanitize.sh does.
     out.add(
         "/usr/bin/nvidia-uninstall",
         _script('echo "nvidia-uninstall (twin): nothing to do" >&2\nexit 1\n'),
         0o755,
-    )
-    out.add(
-        "/var/log/nvidia-installer.log",
-        f"nvidia-installer log file '/var/log/nvidia-installer.log'\n"
-        f"# {MARKER}: recorded runfile install of NVIDIA-Linux-x86_64-{version}.run "
-        f"(kernel modules: {driver['kernel_module']})\n",
     )
     # A module object whose .modinfo carries the version, so `modinfo -F version nvidia` answers
     # as on the real image (lab hosts share the control host's kernel, so no module is loaded).
     source = workdir / "nvidia-modinfo.c"
     fields = {
         "version": version,
-        "license": "Dual MIT/GPL",
+        # The open kernel modules are dual-licensed, the proprietary ones are "NVIDIA".
+        "license": "Dual MIT/GPL" if driver["kernel_module"] == "open" else "NVIDIA",
         "name": "nvidia",
         "description": f"{MARKER} stand-in",
     }
@@ -235,6 +243,19 @@ def _package_files(name: str, version: str) -> dict[str, tuple[bytes, int]]:
         return {
             "lib/systemd/system/nvidia-dcgm.service": (unit.encode(), 0o644),
             "usr/bin/dcgmi": (_script(f'echo "Version : {upstream}"\n').encode(), 0o755),
+        }
+    if name.startswith("nvidia-fabricmanager"):
+        # The unit and binary the nvidia_driver role and the ParallelCluster cookbook look for.
+        unit = (
+            f"[Unit]\nDescription={MARKER} NVIDIA fabric manager (no NVSwitch software inside)\n\n"
+            "[Service]\nExecStart=/bin/false\n\n[Install]\nWantedBy=multi-user.target\n"
+        )
+        return {
+            "lib/systemd/system/nvidia-fabricmanager.service": (unit.encode(), 0o644),
+            "usr/bin/nv-fabricmanager": (
+                _script(f'echo "{MARKER}: nv-fabricmanager {upstream} stand-in"\n').encode(),
+                0o755,
+            ),
         }
     if name == "nvidia-container-toolkit-base":
         banner = f'echo "NVIDIA Container Toolkit CLI version {upstream}"\n'
@@ -323,7 +344,10 @@ def _build_locked(twin: Twin, root: Path) -> str:
     if (final / lab_images.METADATA).is_file():
         return twin.image
     for stale in root.glob(f"twin-{name}-*"):
-        shutil.rmtree(stale)
+        # The image cache is machine-wide: another checkout's lab may still boot from an older
+        # digest (an overlay's lower layer). Only an image no host mounts is removed.
+        if not _mounted(stale):
+            shutil.rmtree(stale)
     # The same lock `gpuforge lab up` takes around building the Debian tree.
     lab_dir = lab_state.lab_root()
     lab_dir.mkdir(parents=True, exist_ok=True)
@@ -354,6 +378,15 @@ def _build_locked(twin: Twin, root: Path) -> str:
     (partial / lab_images.METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
     partial.rename(final)
     return twin.image
+
+
+def _mounted(image: Path) -> bool:
+    """Whether a mounted filesystem (a lab host's overlay) uses `image`'s tree."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text()
+    except OSError:
+        return True  # cannot tell: keep it
+    return f"{image}/" in mounts
 
 
 def at_least(version: str, floor: str) -> bool:

@@ -33,6 +33,8 @@ description:
     and caches those records (not EC2's whole answer) in Ansible's inventory cache.
   - The inventory file's name must end with C(ec2_fleet.yml) or C(ec2_fleet.yaml).
   - An unreachable endpoint, missing credentials or a refused call end in one line naming the cause.
+  - The caller needs C(ec2:DescribeInstances) in each region (the pipeline's IAM policy does not cover
+    inventories, which operators run).
 extends_documentation_fragment:
   - inventory_cache
 requirements:
@@ -45,13 +47,14 @@ options:
     choices: [gpuforge.gpu.ec2_fleet]
   regions:
     description:
-      - The regions to list. Without it, the region of the environment, else C(us-east-1).
+      - The regions to list. Without it, C(AWS_REGION), else C(AWS_DEFAULT_REGION), else C(us-east-1).
     type: list
     elements: str
     default: []
+    # Ansible takes the last variable of this list that is set.
     env:
-      - name: AWS_REGION
       - name: AWS_DEFAULT_REGION
+      - name: AWS_REGION
   cluster_names:
     description:
       - Only these ParallelCluster clusters (their C(parallelcluster:cluster-name) tag).
@@ -67,11 +70,13 @@ options:
   endpoint_url:
     description:
       - The EC2 endpoint, for an emulator or a VPC endpoint; without it, the region's public endpoint.
+      - From the environment, the first set of C(AWS_ENDPOINT_URL_EC2), C(AWS_ENDPOINT_URL) and C(AWS_URL).
     type: str
+    # Ansible takes the last variable of this list that is set.
     env:
-      - name: AWS_ENDPOINT_URL_EC2
-      - name: AWS_ENDPOINT_URL
       - name: AWS_URL
+      - name: AWS_ENDPOINT_URL
+      - name: AWS_ENDPOINT_URL_EC2
   retry_mode:
     description: botocore's retry mode; C(adaptive) also limits the client's own request rate when throttled.
     type: str

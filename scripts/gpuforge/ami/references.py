@@ -81,6 +81,14 @@ def _failed(what: str, exc: Exception) -> ExternalError:
     return ExternalError(f"{what} failed: {exc}")
 
 
+def _all_pages(client: Any, operation: str, what: str, **params: Any) -> list[dict[str, Any]]:
+    """Every page of a paginated call; a failure is an ExternalError naming `what`."""
+    try:
+        return list(client.get_paginator(operation).paginate(**params))
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed(what, exc) from exc
+
+
 def _missing(refs: References, sources: Sources, message: str) -> None:
     if not sources.allow_missing:
         raise UserError(f"{message}; pruning needs every protection source (--allow-missing to go on)")
@@ -92,14 +100,13 @@ def _parameters(refs: References, sources: Sources, region: str | None) -> None:
     ssm = aws.client("ssm", region_name=region)
     prefix = sources.parameter_prefix
     found: set[str] = set()
-    try:
-        pages = list(
-            ssm.get_paginator("get_parameters_by_path").paginate(
-                Path=prefix.rstrip("/") or "/", Recursive=True
-            )
-        )
-    except (ClientError, BotoCoreError) as exc:
-        raise _failed(f"SSM GetParametersByPath {prefix}", exc) from exc
+    pages = _all_pages(
+        ssm,
+        "get_parameters_by_path",
+        f"SSM GetParametersByPath {prefix}",
+        Path=prefix.rstrip("/") or "/",
+        Recursive=True,
+    )
     for page in pages:
         for parameter in page["Parameters"]:
             found.add(parameter["Name"])
@@ -126,10 +133,7 @@ def _parameter_value(ssm: Any, name: str) -> str | None:
 def _launch_templates(refs: References, sources: Sources, region: str | None) -> None:
     ec2 = aws.client("ec2", region_name=region)
     ssm: Any = None
-    try:
-        pages = list(ec2.get_paginator("describe_launch_templates").paginate())
-    except (ClientError, BotoCoreError) as exc:
-        raise _failed("EC2 DescribeLaunchTemplates", exc) from exc
+    pages = _all_pages(ec2, "describe_launch_templates", "EC2 DescribeLaunchTemplates")
     for template in (t for page in pages for t in page["LaunchTemplates"]):
         template_id, name = template["LaunchTemplateId"], template.get("LaunchTemplateName", "")
         try:
@@ -198,10 +202,7 @@ def _stack_value(items: Sequence[dict[str, Any]], key: str, name: str, value: st
 def _clusters(refs: References, sources: Sources, region: str | None) -> None:
     cfn = aws.client("cloudformation", region_name=region)
     s3: Any = None
-    try:
-        pages = list(cfn.get_paginator("describe_stacks").paginate())
-    except (ClientError, BotoCoreError) as exc:
-        raise _failed("CloudFormation DescribeStacks", exc) from exc
+    pages = _all_pages(cfn, "describe_stacks", "CloudFormation DescribeStacks")
     for page in pages:
         for stack in page["Stacks"]:
             tags = stack.get("Tags", [])

@@ -1,0 +1,20 @@
+"""One feature module's commands, run without gpuforge.cli.main's error handling.
+
+main() turns a UserError into its one-line message and exit status 2; tests that look at the error
+itself (pytest.raises) run the handler through a parser with only that module's commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from types import ModuleType
+
+
+def run(module: ModuleType, argv: Sequence[str]) -> int:
+    """Parse argv with the commands `module` registers and call the chosen command's handler."""
+    parser = argparse.ArgumentParser(prog="gpuforge")
+    module.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.handler(args)
+    return code
