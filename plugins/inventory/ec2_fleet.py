@@ -285,16 +285,28 @@ class InventoryModule(BaseInventoryPlugin, Cacheable):  # type: ignore[misc]
 
     def _populate(self, records: list[Record]) -> None:
         inventory = self.inventory
-        sanitized: dict[str, str] = {}
+        # Hosts of one cluster, queue, type and zone join the same groups: sanitize, create and link
+        # each distinct set once (5,000 hosts share a handful), not again for every host.
+        groups_of: dict[tuple[Any, ...], list[str]] = {}
         for rec in records:
             name = rec["host"]
             inventory.add_host(name)
-            for var, value in host_vars(rec).items():
-                # Values come from the cloud (tags anyone with ec2:CreateTags can set): never templated.
-                inventory.set_variable(name, var, wrap_var(value))
-            for raw in group_names(rec):
-                group = sanitized.get(raw)
-                if group is None:
-                    group = sanitized[raw] = inventory.add_group(self._sanitize_group_name(raw))
-                    inventory.add_child("all", group)
+            host = inventory.hosts[name]
+            # Values come from the cloud (tags anyone with ec2:CreateTags can set): never templated.
+            # wrap_var untags them (on ansible-core 2.19, TrustedAsTemplate.untag), including any
+            # trust tag a tampered cache file could carry. The names are this module's own valid
+            # identifiers, so they go straight into the host's vars (Host.set_variable would only
+            # validate them and InventoryData.set_variable also formats a debug line per call).
+            host.vars.update({var: wrap_var(value) for var, value in host_vars(rec).items()})
+            signature = (*(rec.get(field) for _, field in KEYED), bool(rec.get("lab")))
+            groups = groups_of.get(signature)
+            if groups is None:
+                groups = groups_of[signature] = [self._group(raw) for raw in group_names(rec)]
+            for group in groups:
                 inventory.add_host(name, group=group)
+
+    def _group(self, raw: str) -> str:
+        """The inventory group of one unsanitized name, created (as a child of all) on first use."""
+        group: str = self.inventory.add_group(self._sanitize_group_name(raw))
+        self.inventory.add_child("all", group)
+        return group
