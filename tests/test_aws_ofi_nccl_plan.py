@@ -9,9 +9,14 @@ manifest off and IMDS off: nothing on the control host changes and no request le
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import http.server
 import json
 import platform
+import re
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +221,80 @@ def test_nccl_tuning_finds_the_recorded_plugin(
     found: dict[str, Any], case: str, version: str, installed: bool
 ) -> None:
     assert found[case] == {"version": version, "installed": installed}
+
+
+# The source download of a build: the role's own download.yml (and build.yml's refusal) against a
+# loopback server holding a TEST FIXTURE tarball. Not check mode: each case only writes its own
+# directory under the test's tmp path.
+PINNED = versions.load().components["aws_ofi_nccl"]
+# case -> (sha256, sha512); "right" stands for the fixture's real digest. no-hash runs build.yml.
+DOWNLOAD_CASES: dict[str, tuple[str, str]] = {
+    "right-sha512": ("", "right"),
+    "right-sha256": ("right", ""),
+    "wrong-sha512": ("", "0" * 128),
+    "no-hash": ("", ""),
+}
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    served = tmp_path_factory.mktemp("ofi-served")
+    tarball = served / f"aws-ofi-nccl-{PIN}.tar.gz"
+    tarball.write_bytes(b"TEST FIXTURE: not aws-ofi-nccl, only its hash is checked\n")
+    digests = {
+        "sha256": hashlib.sha256(tarball.read_bytes()).hexdigest(),
+        "sha512": hashlib.sha512(tarball.read_bytes()).hexdigest(),
+    }
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root = tmp_path_factory.mktemp("ofi-download")
+    cases: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for case, (sha256, sha512) in DOWNLOAD_CASES.items():
+            (root / case).mkdir()
+            task_file = "build.yml" if case == "no-hash" else "download.yml"
+            cases[case] = [
+                {
+                    "ansible.builtin.include_tasks": str(REPO / "roles/aws_ofi_nccl/tasks" / task_file),
+                    "vars": {
+                        "aws_ofi_nccl_version": PIN,
+                        "aws_ofi_nccl_build_dir": str(root / case),
+                        "aws_ofi_nccl_source_url": f"http://127.0.0.1:{server.server_port}/{tarball.name}",
+                        "aws_ofi_nccl_source_sha256": digests["sha256"] if sha256 == "right" else sha256,
+                        "aws_ofi_nccl_source_sha512": digests["sha512"] if sha512 == "right" else sha512,
+                    },
+                },
+                record(case, "downloaded"),
+            ]
+        results = run_cases(tmp_path_factory.mktemp("ofi-download-play"), cases, {}, check=False)
+    finally:
+        server.shutdown()
+    return {"results": results, "root": root, "tarball": tarball, "digests": digests}
+
+
+@pytest.mark.parametrize("case", ["right-sha512", "right-sha256"])
+def test_download_with_the_right_hash_passes(downloads: dict[str, Any], case: str) -> None:
+    assert downloads["results"][case] == "downloaded"
+    got = downloads["root"] / case / downloads["tarball"].name
+    assert got.read_bytes() == downloads["tarball"].read_bytes()
+
+
+def test_download_with_a_wrong_sha512_fails_and_keeps_nothing(downloads: dict[str, Any]) -> None:
+    message = downloads["results"]["wrong-sha512"]
+    # get_url hashes the download with the pinned algorithm: it names the tarball's real sha512.
+    assert f"did not match {'0' * 128}; it was {downloads['digests']['sha512']}" in message
+    assert not (downloads["root"] / "wrong-sha512" / downloads["tarball"].name).exists()
+
+
+def test_build_without_a_hash_refuses_before_downloading(downloads: dict[str, Any]) -> None:
+    message = downloads["results"]["no-hash"]
+    assert f"No sha256 or sha512 is pinned for the aws-ofi-nccl {PIN} source tarball" in message
+    assert list((downloads["root"] / "no-hash").iterdir()) == []
+
+
+def test_the_pin_is_the_release_tarball_with_its_published_sha512() -> None:
+    """versions.yml pins the release asset's sha512 (the release notes' value), and no sha256 beside it."""
+    assert PINNED["url_base"] == "https://github.com/aws/aws-ofi-nccl/releases/download"
+    assert re.fullmatch("[0-9a-f]{128}", PINNED["source_sha512"])
+    assert "source_sha256" not in PINNED and "sha256" not in PINNED

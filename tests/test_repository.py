@@ -87,20 +87,17 @@ def test_aws_ofi_nccl_pin_is_the_release_the_pinned_efa_installer_bundles() -> N
     assert pins["aws_ofi_nccl"]["version"] == pins["efa_installer"]["bundled_aws_ofi_nccl"]
 
 
-@pytest.mark.parametrize("component", ["efa_installer", "aws_ofi_nccl"])
-def test_downloaded_components_pin_a_sha256(component: str) -> None:
-    """Every tarball a role downloads and runs has its sha256 in versions.yml (no unverified fallback).
+@pytest.mark.parametrize(
+    ("component", "field", "digits"),
+    [("efa_installer", "sha256", 64), ("aws_ofi_nccl", "source_sha512", 128)],
+)
+def test_downloaded_components_pin_a_hash(component: str, field: str, digits: int) -> None:
+    """Every tarball a role downloads and runs has its hash in versions.yml (no unverified fallback).
 
-    Where no public sha256 exists yet (aws-ofi-nccl 1.21.1's source archive: versions.yml says so),
-    the pin is empty and the role refuses to download at all; the EFA installer's bundle is used.
+    aws-ofi-nccl's release notes publish a sha512 of the release tarball, and no sha256.
     """
-    sha = versions.load().components[component].get("sha256", "")
-    if component == "aws_ofi_nccl" and sha == "":
-        build = (REPO / "roles/aws_ofi_nccl/tasks/build.yml").read_text()
-        assert "Fail early without a sha256 pin" in build
-        assert build.index("Fail early without a sha256 pin") < build.index("ansible.builtin.get_url")
-        return
-    assert len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
+    sha = versions.load().components[component].get(field, "")
+    assert len(sha) == digits and all(c in "0123456789abcdef" for c in sha)
 
 
 def test_roles_embed_no_plugins() -> None:

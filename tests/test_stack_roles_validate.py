@@ -36,6 +36,16 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "nccl-range": ("nccl", {"nccl_version": ">=2.21"}, "must be exact releases such as 2.21.5"),
     "ofi-version": ("aws_ofi_nccl", {"aws_ofi_nccl_version": "1.13.x"}, "is not an aws-ofi-nccl release"),
     "ofi-source": ("aws_ofi_nccl", {"aws_ofi_nccl_source": "sideways"}, "aws_ofi_nccl_source must be one of"),
+    "ofi-short-sha512": (
+        "aws_ofi_nccl",
+        {"aws_ofi_nccl_source_sha512": "ab" * 32},
+        "Pin exactly one hash of the aws-ofi-nccl 1.21.1 source tarball",
+    ),
+    "ofi-two-hashes": (
+        "aws_ofi_nccl",
+        {"aws_ofi_nccl_source_sha256": "a" * 64},
+        "Pin exactly one hash of the aws-ofi-nccl 1.21.1 source tarball",
+    ),
     "ofi-bundled-missing": (
         "aws_ofi_nccl",
         {"aws_ofi_nccl_source": "bundled", "aws_ofi_nccl_bundled_prefix": "/nonexistent/ofi-nccl"},

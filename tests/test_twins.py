@@ -42,11 +42,12 @@ CHANGED_TWIN = "dlami-ubuntu2204"
 # and test_blocked_twin_bake_stops_with_its_known_refusal proves the bake stops for that reason only.
 BLOCKED: dict[str, tuple[str, str]] = {
     "pcluster-ubuntu2204": (
-        # The refusal, as the aws_ofi_nccl role words it.
-        "No valid sha256 is pinned for the aws-ofi-nccl 1.21.1 source tarball",
+        # Where the bake stops: the aws_ofi_nccl role's download of the release tarball, which the
+        # lab (no internet) cannot reach; the failed get_url result names the URL.
+        "url: https://github.com/aws/aws-ofi-nccl/releases/download/v1.21.1/aws-ofi-nccl-1.21.1.tar.gz",
         "ParallelCluster 3.16.1's EFA installer 1.49.0 bundles aws-ofi-nccl 1.20.0, below the floor 1.21.1 "
-        "(1.20.0 is tested with NCCL up to 2.30.4, the pin is 2.30.7), so the bake builds 1.21.1, and no "
-        "sha256 of its source is published (its release page gives a sha512 of the make-dist tarball)",
+        "(1.20.0 is tested with NCCL up to 2.30.4, the pin is 2.30.7), so the bake builds 1.21.1 from its "
+        "sha512-pinned release tarball, which the lab serves no stand-in of yet",
     ),
 }
 
