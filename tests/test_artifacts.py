@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuforge import versions
 from gpuforge.artifacts import fixtures, server
 from gpuforge.errors import UserError
 
@@ -111,6 +113,47 @@ def test_fixture_tarball_holds_the_stand_in_installer(built: fixtures.Fixtures) 
         script = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
     assert 'version="9.8.7"' in script
     assert "TEST FIXTURE" in script
+
+
+@needs_gpg
+def test_fixture_ofi_source_tarball_builds_the_pinned_banner(
+    built: fixtures.Fixtures, tmp_path: Path
+) -> None:
+    """The stand-in aws-ofi-nccl source sits at the release asset's path, pinned by its sha512, and
+    its configure, make and make install (as the aws_ofi_nccl role runs them) put a library with
+    the pin's banner at PREFIX/lib/libnccl-net.so; configure refuses a CUDA home without cuda.h."""
+    pin = versions.load().version("aws_ofi_nccl")
+    assert built.ofi_version == pin
+    assert built.ofi_tarball == f"ofi/v{pin}/aws-ofi-nccl-{pin}.tar.gz"
+    tarball = Path(built.root) / built.ofi_tarball
+    assert hashlib.sha512(tarball.read_bytes()).hexdigest() == built.ofi_sha512
+    assert json.loads((Path(built.root) / "fixture.json").read_text())["ofi_sha512"] == built.ofi_sha512
+    with tarfile.open(tarball) as tar:
+        assert {member.name.split("/")[0] for member in tar.getmembers()} == {f"aws-ofi-nccl-{pin}"}
+        tar.extractall(tmp_path, filter="data")
+    source, cuda, prefix = tmp_path / f"aws-ofi-nccl-{pin}", tmp_path / "cuda", tmp_path / "prefix"
+    refused = subprocess.run(
+        ["./configure", f"--prefix={prefix}", f"--with-cuda={cuda}"],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert f"CUDA headers not found under {cuda}" in refused.stderr
+    (cuda / "include").mkdir(parents=True)
+    (cuda / "include" / "cuda.h").write_text("/* TEST FIXTURE */\n")
+    flags = [
+        "--with-libfabric=/opt/amazon/efa",
+        f"--with-cuda={cuda}",
+        "--enable-platform-aws",
+        "--disable-tests",
+    ]
+    for command in (["./configure", f"--prefix={prefix}", *flags], ["make", "-j", "2"], ["make", "install"]):
+        subprocess.run(command, cwd=source, check=True, capture_output=True)
+    library = (prefix / "lib" / "libnccl-net.so").read_bytes()
+    assert library.startswith(b"\x7fELF")
+    assert f"Initializing aws-ofi-nccl {pin} (gpuforge TEST FIXTURE".encode() in library
 
 
 @needs_gpg

@@ -37,31 +37,6 @@ TWIN_LAB = labtools.lab_name("twin")
 NAMES = twinlab.names()
 # The twin the role-level cases (below the floor, pin below the installed release) change.
 CHANGED_TWIN = "dlami-ubuntu2204"
-# Twins whose real image `gpuforge bake` cannot bake yet, with the refusal it stops with: the bake
-# tests of that twin are strict xfails (a bake that starts passing fails them, so this entry goes),
-# and test_blocked_twin_bake_stops_with_its_known_refusal proves the bake stops for that reason only.
-BLOCKED: dict[str, tuple[str, str]] = {
-    "pcluster-ubuntu2204": (
-        # Where the bake stops: the aws_ofi_nccl role's download of the release tarball, which the
-        # lab (no internet) cannot reach; the failed get_url result names the URL.
-        "url: https://github.com/aws/aws-ofi-nccl/releases/download/v1.21.1/aws-ofi-nccl-1.21.1.tar.gz",
-        "ParallelCluster 3.16.1's EFA installer 1.49.0 bundles aws-ofi-nccl 1.20.0, below the floor 1.21.1 "
-        "(1.20.0 is tested with NCCL up to 2.30.4, the pin is 2.30.7), so the bake builds 1.21.1 from its "
-        "sha512-pinned release tarball, which the lab serves no stand-in of yet",
-    ),
-}
-
-
-def bake_params(names: list[str]) -> list[Any]:
-    """`names` for parametrize, a blocked twin as a strict xfail."""
-    return [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=BLOCKED[name][1]))
-        if name in BLOCKED
-        else name
-        for name in names
-    ]
-
-
 needs_bake = pytest.mark.skipif(
     shutil.which("packer") is None, reason="the bake needs packer (apt-get install packer)"
 )
@@ -246,7 +221,7 @@ def baked(
     def first(name: str) -> dict[str, Any]:
         twin = twins[name]
         result = bake(twin, tmp / name / "first", lab_vars)
-        # Each test asserts the bake succeeded (a blocked twin's fails there, as its xfail says).
+        # Each test asserts the bake succeeded.
         upper, merged = host_tree(twin)
         overlay = twinlab.overlay(twin["record"], os.uname().release, (tmp / name / "overlay"))
         manifest = merged / "etc/gpuforge/manifest.json"
@@ -279,7 +254,7 @@ def baked(
 
 
 @needs_bake
-@pytest.mark.parametrize("name", bake_params(NAMES))
+@pytest.mark.parametrize("name", NAMES)
 def test_bake_changes_no_recorded_component_at_or_above_its_floor(
     twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]], name: str
 ) -> None:
@@ -300,7 +275,7 @@ def test_bake_changes_no_recorded_component_at_or_above_its_floor(
 
 
 @needs_bake
-@pytest.mark.parametrize("name", bake_params(NAMES))
+@pytest.mark.parametrize("name", NAMES)
 def test_second_bake_changes_nothing(baked: dict[str, dict[str, Any]], name: str) -> None:
     assert_baked(baked[name])
     second = baked[name]["second"]
@@ -314,20 +289,42 @@ def assert_baked(result: dict[str, Any]) -> None:
 
 
 @needs_bake
-@pytest.mark.parametrize("name", sorted(BLOCKED))
-def test_blocked_twin_bake_stops_with_its_known_refusal(
+@pytest.mark.parametrize("name", NAMES)
+def test_aws_ofi_nccl_is_the_adopted_bundle_or_the_pinned_build(
     twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]], name: str
 ) -> None:
-    """A blocked twin's bake fails for the reason BLOCKED gives, and changes no recorded component."""
-    first = baked[name]["first"]
-    assert first.returncode != 0
-    assert BLOCKED[name][0] in " ".join(_PACKER_PREFIX.sub("", first.stderr).split())
-    assert baked[name]["touched"] == []
-    for component in twinlab.PACKAGED:
-        for package, version in (
-            (twins[name]["record"].component(component) or {}).get("packages") or {}
-        ).items():
-            assert baked[name]["after"].get(package) == version, (component, package)
+    """A bundle at or above the floor is used in place; one below it (ParallelCluster 3.16.1's EFA
+    installer 1.49.0 bundles 1.20.0) is left alone and the pinned release is built from its
+    sha512-pinned source tarball (the lab serves a TEST FIXTURE stand-in of it) into its prefix."""
+    assert_baked(baked[name])
+    bundle = twins[name]["record"].component("aws_ofi_nccl")
+    assert bundle is not None
+    policy = versions.load().components["aws_ofi_nccl"]
+    _, merged = host_tree(twins[name])
+    outcome = json.loads((merged / "etc/gpuforge/aws_ofi_nccl.json").read_text())
+    if twinlab.at_least(bundle["version"], policy["floor"]):
+        expected = {
+            "source": "bundled",
+            "version": bundle["version"],
+            "lib_dir": str(Path(bundle["library"]).parent),
+        }
+    else:
+        expected = {
+            "source": "built",
+            "version": policy["version"],
+            "lib_dir": f"/opt/aws-ofi-nccl/{policy['version']}/lib",
+        }
+        assert (
+            f"Building aws-ofi-nccl {policy['version']} (bundled: {bundle['version']})"
+            in baked[name]["first"].stderr
+        )
+        built = (merged / expected["lib_dir"].lstrip("/") / "libnccl-net.so").read_bytes()
+        assert f"aws-ofi-nccl {policy['version']} (gpuforge TEST FIXTURE".encode() in built
+        assert not (merged / "var/tmp/gpuforge-aws-ofi-nccl").exists()
+    assert {key: outcome[key] for key in expected} == expected
+    assert outcome["bundled_version"] == bundle["version"]
+    linker = (merged / "etc/ld.so.conf.d/gpuforge-aws-ofi-nccl.conf").read_text().splitlines()
+    assert expected["lib_dir"] in linker
 
 
 def expected_installed(record: twinlab.Twin) -> dict[str, dict[str, str]]:
@@ -344,7 +341,7 @@ def expected_installed(record: twinlab.Twin) -> dict[str, dict[str, str]]:
 
 
 @needs_bake
-@pytest.mark.parametrize("name", bake_params(NAMES))
+@pytest.mark.parametrize("name", NAMES)
 def test_manifest_lists_the_actual_versions(
     twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]], name: str
 ) -> None:
@@ -360,11 +357,6 @@ def test_manifest_lists_the_actual_versions(
 
 
 @needs_bake
-@pytest.mark.xfail(
-    condition=any(twinlab.load(name).flavor == "pcluster" for name in BLOCKED),
-    strict=True,
-    reason="the ParallelCluster twin's bake is blocked: see BLOCKED",
-)
 def test_pcluster_twin_keeps_the_parallelcluster_marker_and_tags(
     twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]]
 ) -> None:

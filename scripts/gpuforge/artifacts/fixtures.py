@@ -12,7 +12,13 @@ afterwards. No real key or secret is involved. The layout mirrors https://efa-in
     efa-badsig/ ...                                                  signature over other bytes
     efa-wrongkey/ ...                                                signed by a second, unpinned key
     wheels/NAME.whl                                                  links to the given wheels
-    fixture.json                                                     sha256s and the key fingerprint
+    fixture.json                                                     hashes and the key fingerprint
+
+and, mirroring https://github.com/aws/aws-ofi-nccl/releases/download, a stand-in source tarball of
+the pinned aws-ofi-nccl release for the aws_ofi_nccl role's build (tests/fixtures/artifacts/ofi/:
+a configure script and a Makefile that compile ofi-nccl-standin.c at that version):
+
+    ofi/vV/aws-ofi-nccl-V.tar.gz                                     its sha512 in fixture.json
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ def plugin_source() -> Path:
     return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "efa" / "ofi-nccl-standin.c"
 
 
+def ofi_source() -> Path:
+    return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "ofi" / "aws-ofi-nccl"
+
+
 @dataclass
 class Fixtures:
     root: str
@@ -54,11 +64,22 @@ class Fixtures:
     efa_sha256: str
     efa_key_fingerprint: str
     impostor_fingerprint: str
+    ofi_version: str
+    ofi_tarball: str  # relative to root
+    ofi_sha512: str
     wheels: dict[str, str] = field(default_factory=dict)  # file name -> sha256
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+    return _digest_file(path, "sha256")
+
+
+def sha512_file(path: Path) -> str:
+    return _digest_file(path, "sha512")
+
+
+def _digest_file(path: Path, algorithm: str) -> str:
+    digest = hashlib.new(algorithm)
     with path.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
@@ -139,6 +160,31 @@ def standin_plugin(version: str, workdir: Path) -> bytes:
     return out.read_bytes()
 
 
+def _tarball(dest: Path, top: str, members: Sequence[tuple[str, bytes, int]]) -> None:
+    """A gzipped tarball of `members` under the directory `top`, with fixed metadata."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w:gz") as tar:
+        for name, data, mode in members:
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _ofi_source_tarball(dest: Path, version: str) -> None:
+    """The stand-in aws-ofi-nccl source under the release tarball's top-level directory: its
+    configure and make build ofi-nccl-standin.c with `version` in the plugin's banner."""
+    members = [
+        (
+            path.name,
+            path.read_bytes().replace(b"@OFI_NCCL_VERSION@", version.encode()),
+            path.stat().st_mode & 0o777,
+        )
+        for path in sorted(ofi_source().iterdir())
+    ]
+    members.append((plugin_source().name, plugin_source().read_bytes(), 0o644))
+    _tarball(dest, f"aws-ofi-nccl-{version}", members)
+
+
 def _installer_tarball(dest: Path, version: str, plugin: bytes) -> None:
     """The stand-in installer under the real tarball's top-level directory, with fixed metadata."""
     members = [
@@ -150,22 +196,25 @@ def _installer_tarball(dest: Path, version: str, plugin: bytes) -> None:
         for path in sorted(fixture_source().iterdir())
     ]
     members.append(("libnccl-net.so", plugin, 0o755))
-    with tarfile.open(dest, "w:gz") as tar:
-        for name, data, mode in members:
-            info = tarfile.TarInfo(f"aws-efa-installer/{name}")
-            info.size, info.mode, info.mtime = len(data), mode, 0
-            tar.addfile(info, io.BytesIO(data))
+    _tarball(dest, "aws-efa-installer", members)
 
 
 def build(
-    out: Path, efa_version: str, wheels: Sequence[Path] = (), bundled_aws_ofi_nccl: str | None = None
+    out: Path,
+    efa_version: str,
+    wheels: Sequence[Path] = (),
+    bundled_aws_ofi_nccl: str | None = None,
+    aws_ofi_nccl: str | None = None,
 ) -> Fixtures:
     """Write the fixtures under `out`; the stand-in installer bundles a stand-in plugin at
-    `bundled_aws_ofi_nccl` (default: what versions.yml says the pinned installer bundles)."""
+    `bundled_aws_ofi_nccl` (default: what versions.yml says the pinned installer bundles), the
+    stand-in source tarball builds one at `aws_ofi_nccl` (default: the aws_ofi_nccl pin)."""
     out.mkdir(parents=True, exist_ok=True)
-    ofi_version = bundled_aws_ofi_nccl or str(
-        versions.load().components["efa_installer"]["bundled_aws_ofi_nccl"]
-    )
+    pins = versions.load()
+    ofi_version = bundled_aws_ofi_nccl or str(pins.components["efa_installer"]["bundled_aws_ofi_nccl"])
+    source_version = aws_ofi_nccl or pins.version("aws_ofi_nccl")
+    ofi_tarball = f"ofi/v{source_version}/aws-ofi-nccl-{source_version}.tar.gz"
+    _ofi_source_tarball(out / ofi_tarball, source_version)
     name = f"aws-efa-installer-{efa_version}.tar.gz"
     good, badsig, wrongkey = out / "efa", out / "efa-badsig", out / "efa-wrongkey"
     for directory in (good, badsig, wrongkey):
@@ -197,6 +246,9 @@ def build(
             efa_sha256=sha256_file(good / name),
             efa_key_fingerprint=signer.fingerprint,
             impostor_fingerprint=impostor.fingerprint,
+            ofi_version=source_version,
+            ofi_tarball=ofi_tarball,
+            ofi_sha512=sha512_file(out / ofi_tarball),
         )
     finally:
         signer.close()
