@@ -81,10 +81,14 @@ def _failed(what: str, exc: Exception) -> ExternalError:
     return ExternalError(f"{what} failed: {exc}")
 
 
-def _all_pages(client: Any, operation: str, what: str, **params: Any) -> list[dict[str, Any]]:
-    """Every page of a paginated call; a failure is an ExternalError naming `what`."""
+def _all_pages(paginator: Any, what: str, **params: Any) -> list[dict[str, Any]]:
+    """Every page of a paginated call; a failure is an ExternalError naming `what`.
+
+    Callers name the paginator themselves (client.get_paginator("...")): the IAM audit
+    (tests/iamaudit.py) reads the operations from those literal calls.
+    """
     try:
-        return list(client.get_paginator(operation).paginate(**params))
+        return list(paginator.paginate(**params))
     except (ClientError, BotoCoreError) as exc:
         raise _failed(what, exc) from exc
 
@@ -101,8 +105,7 @@ def _parameters(refs: References, sources: Sources, region: str | None) -> None:
     prefix = sources.parameter_prefix
     found: set[str] = set()
     pages = _all_pages(
-        ssm,
-        "get_parameters_by_path",
+        ssm.get_paginator("get_parameters_by_path"),
         f"SSM GetParametersByPath {prefix}",
         Path=prefix.rstrip("/") or "/",
         Recursive=True,
@@ -133,7 +136,7 @@ def _parameter_value(ssm: Any, name: str) -> str | None:
 def _launch_templates(refs: References, sources: Sources, region: str | None) -> None:
     ec2 = aws.client("ec2", region_name=region)
     ssm: Any = None
-    pages = _all_pages(ec2, "describe_launch_templates", "EC2 DescribeLaunchTemplates")
+    pages = _all_pages(ec2.get_paginator("describe_launch_templates"), "EC2 DescribeLaunchTemplates")
     for template in (t for page in pages for t in page["LaunchTemplates"]):
         template_id, name = template["LaunchTemplateId"], template.get("LaunchTemplateName", "")
         try:
@@ -202,7 +205,7 @@ def _stack_value(items: Sequence[dict[str, Any]], key: str, name: str, value: st
 def _clusters(refs: References, sources: Sources, region: str | None) -> None:
     cfn = aws.client("cloudformation", region_name=region)
     s3: Any = None
-    pages = _all_pages(cfn, "describe_stacks", "CloudFormation DescribeStacks")
+    pages = _all_pages(cfn.get_paginator("describe_stacks"), "CloudFormation DescribeStacks")
     for page in pages:
         for stack in page["Stacks"]:
             tags = stack.get("Tags", [])
