@@ -131,9 +131,13 @@ build {
       "-e", "gpuforge_bake_flavor=${var.flavor}",
       "-e", jsonencode({ gpuforge_target_instance_types = var.target_instance_types }),
     ], local.ansible_extra_vars)
+    # Facts in memory only: ansible.cfg's jsonfile cache is keyed by inventory name, and every
+    # Packer build's host is "default", so a bake would reuse the facts of another image's build
+    # (another OS release) gathered within the hour, or of one running beside it.
     ansible_env_vars = [
       "ANSIBLE_CONFIG=${var.repo_root}/ansible.cfg",
       "ANSIBLE_HOST_KEY_CHECKING=False",
+      "ANSIBLE_CACHE_PLUGIN=ansible.builtin.memory",
     ]
   }
 

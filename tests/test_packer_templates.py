@@ -337,3 +337,24 @@ def test_packer_validate_accepts_copy_regions_and_rejects_repeats(staged: Path, 
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = _validate(staged, tmp_path, ami_regions=["eu-west-1", "eu-west-1"])
     assert bad.returncode != 0 and "ami_regions must be distinct" in bad.stdout + bad.stderr
+
+
+def test_bakes_never_share_cached_facts(tmp_path: Path) -> None:
+    """Every Packer build's host is called "default": with ansible.cfg's jsonfile fact cache a bake
+    would take another build's facts (another OS release) gathered within the hour. The ansible
+    provisioner's environment must keep facts in memory, as Ansible itself reads that setting."""
+    template = (PACKER_DIR / "gpuforge.pkr.hcl").read_text()
+    block = template[template.index('provisioner "ansible"') :]
+    block = block[block.index("ansible_env_vars") : block.index("]", block.index("ansible_env_vars"))]
+    env_vars = dict(item.split("=", 1) for item in re.findall(r'"([A-Z_]+=[^"]*)"', block))
+    env_vars["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    dump = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-config")), "dump", "--only-changed"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env={**os.environ, **env_vars},
+    ).stdout
+    memory = r"^CACHE_PLUGIN\(env: ANSIBLE_CACHE_PLUGIN\) = ansible\.builtin\.memory$"
+    assert re.search(memory, dump, re.M), dump

@@ -21,6 +21,7 @@ from gpuforge import paths
 
 COMPONENTS = {
     "nvidia_driver",
+    "nvidia_fabricmanager",
     "cuda",
     "efa_installer",
     "aws_ofi_nccl",
@@ -144,7 +145,7 @@ def test_dummy_packages_carry_the_recorded_versions(tmp_path: Path) -> None:
     out = twinlab.overlay(twin, "6.8.0-twin", tmp_path)
     recorded = {
         name: version
-        for component in ("dcgm", "gdrcopy", "nvidia_container_toolkit")
+        for component in ("nvidia_fabricmanager", "dcgm", "gdrcopy", "nvidia_container_toolkit")
         for name, version in (twin.component(component) or {"packages": {}})["packages"].items()
     }
     assert {name: version for name, (version, _) in out.packages.items()} == recorded
