@@ -238,17 +238,22 @@ def _aliases(golden: dict[str, Any], tmp: Path, names: dict[str, dict[str, Any]]
     return inventory
 
 
+def _alias_env(golden: dict[str, Any], builder: dict[str, Any]) -> dict[str, str]:
+    """The golden lab's playbook environment for runs over an alias inventory of its host."""
+    return {
+        **golden["env"],
+        "GPUFORGE_LAB_ARTIFACTS": builder["env"]["GPUFORGE_LAB_ARTIFACTS"],
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(Path(golden["state_file"]).parent / "facts"),
+        # One JSON line per result, so each host's reason reads back whole.
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+    }
+
+
 def _run_aliases(
     golden: dict[str, Any], builder: dict[str, Any], inventory: Path, *args: str
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, tuple[str, str]]]:
     run = playbook(
-        {
-            **golden["env"],
-            "GPUFORGE_LAB_ARTIFACTS": builder["env"]["GPUFORGE_LAB_ARTIFACTS"],
-            "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(Path(golden["state_file"]).parent / "facts"),
-            # One JSON line per result, so each host's reason reads back whole.
-            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-        },
+        _alias_env(golden, builder),
         "-i",
         str(inventory),
         "playbooks/bake.yml",
@@ -356,12 +361,7 @@ def test_drift_check_finds_a_hand_changed_file_on_a_golden_host(
     on(GOLDEN_LAB, host, f"cp -p {sysctl} /var/tmp/efa-sysctl.orig && echo '# by hand' >> {sysctl}")
     try:
         run = playbook(
-            {
-                **golden["env"],
-                "GPUFORGE_LAB_ARTIFACTS": builder["env"]["GPUFORGE_LAB_ARTIFACTS"],
-                "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(Path(golden["state_file"]).parent / "facts"),
-                "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-            },
+            _alias_env(golden, builder),
             "-i",
             str(inventory),
             "playbooks/drift.yml",

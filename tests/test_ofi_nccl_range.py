@@ -85,6 +85,12 @@ def _range_note(release: str) -> str:
     return ofi_nccl.nccl_range(release).note
 
 
+def _run_with_table(work: Path, cases: dict[str, list[dict[str, Any]]], **extra: Any) -> dict[str, Any]:
+    """Run the role tasks with data/aws_ofi_nccl.yml loaded, as gpuforge_common's load_data does."""
+    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())
+    return run_cases(work, cases, {"gpuforge_common_imds_enabled": False, **extra, **table})
+
+
 @pytest.fixture(scope="module")
 def role_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cases: dict[str, list[dict[str, Any]]] = {}
@@ -99,10 +105,7 @@ def role_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             },
             record(case, "{{ gpuforge_ofi_nccl_range }}"),
         ]
-    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())
-    return run_cases(
-        tmp_path_factory.mktemp("ofi-nccl-range"), cases, {"gpuforge_common_imds_enabled": False, **table}
-    )
+    return _run_with_table(tmp_path_factory.mktemp("ofi-nccl-range"), cases)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -155,15 +158,10 @@ def in_use(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             },
             record(case, "{{ gpuforge_ofi_nccl_range.plugin }}"),
         ]
-    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())
-    return run_cases(
+    return _run_with_table(
         tmp_path_factory.mktemp("ofi-nccl-in-use-play"),
         cases,
-        {
-            "gpuforge_common_imds_enabled": False,
-            "gpuforge_versions": {"aws_ofi_nccl": {"version": PIN}},
-            **table,
-        },
+        gpuforge_versions={"aws_ofi_nccl": {"version": PIN}},
     )
 
 
@@ -199,10 +197,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             {"ansible.builtin.include_tasks": str(REPO / "roles/nccl/tasks/pair_check.yml")},
             record(case, "passed"),
         ]
-    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())
-    return run_cases(
-        tmp_path_factory.mktemp("ofi-nccl-pairs"), cases, {"gpuforge_common_imds_enabled": False, **table}
-    )
+    return _run_with_table(tmp_path_factory.mktemp("ofi-nccl-pairs"), cases)
 
 
 @pytest.mark.parametrize("case", list(PAIR_CASES))
