@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import labtools
+import torchdouble
 import twinlab
 from gpuforge import versions
 from gpuforge.bench import labrun
@@ -215,7 +216,8 @@ def baked(
     env = next(iter(twins.values()))["info"]["env"]
     prepare = playbook(env, labrun.FIXTURE_PLAYBOOK, timeout=900)
     assert prepare.returncode == 0, prepare.stdout[-3000:]
-    lab_vars = labrun.write_bake_vars(tmp)
+    # No assertion here reads torch: the pytorch role installs the kilobyte TEST DOUBLE of its wheel.
+    lab_vars = torchdouble.bake_vars(env["GPUFORGE_LAB_ARTIFACTS"], tmp)
     print(f"twins prepared in {time.monotonic() - started:.1f}s")
 
     def first(name: str) -> dict[str, Any]:
