@@ -152,6 +152,23 @@ def test_roles_name_each_other_by_fqcn() -> None:
             assert name.startswith(f"{FQCN}."), f"{role} depends on {name}"
 
 
+def test_dependencies_carry_the_tags_the_playbooks_give_their_roles() -> None:
+    """Ansible runs a role once per play only if every instance has the same tags: an untagged
+    dependency on a role a playbook lists with a tag runs that role a second time."""
+    tagged: dict[str, list[str]] = {}
+    for playbook in sorted((REPO / "playbooks").glob("*.yml")):
+        for play in yaml.safe_load(playbook.read_text()) or []:
+            for entry in play.get("roles") or []:
+                if isinstance(entry, dict) and "tags" in entry:
+                    tagged.setdefault(entry["role"], entry["tags"])
+    assert f"{FQCN}.nvidia_driver" in tagged and f"{FQCN}.gpuforge_common" in tagged
+    for role in ROLES:
+        meta = yaml.safe_load((REPO / "roles" / role / "meta/main.yml").read_text())
+        for dep in meta.get("dependencies") or []:
+            if dep["role"] in tagged:
+                assert dep.get("tags") == tagged[dep["role"]], f"{role} depends on {dep['role']}"
+
+
 def test_no_role_reaches_outside_itself() -> None:
     for path in (REPO / "roles").rglob("*.yml"):
         assert "role_path }}/.." not in path.read_text(), path

@@ -285,6 +285,19 @@ def test_second_bake_changes_nothing(baked: dict[str, dict[str, Any]], name: str
     assert bake_recap(second)["changed"] == 0, second.stderr[-6000:]
 
 
+@needs_bake
+@pytest.mark.parametrize("name", NAMES)
+def test_bake_runs_each_role_once(baked: dict[str, dict[str, Any]], name: str) -> None:
+    """Roles others depend on (the driver, gpuforge_common) run once per bake, not again per dependent."""
+    assert_baked(baked[name])
+    output = baked[name]["first"].stderr
+    for task in (
+        "gpuforge.gpu.nvidia_driver : Write the driver report",
+        "gpuforge.gpu.gpuforge_common : Read the DMI vendor",
+    ):
+        assert output.count(f"TASK [{task}") == 1, task
+
+
 def assert_baked(result: dict[str, Any]) -> None:
     first = result["first"]
     assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
