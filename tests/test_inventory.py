@@ -7,6 +7,8 @@ the same values; the plugin also caches, covers several regions and fails in one
 
 from __future__ import annotations
 
+import datetime
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +19,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from botocore.config import Config
 
 from gpuforge.bench import ec2fleet
 from gpuforge.bench.throttle import ThrottlingProxy
@@ -96,6 +99,14 @@ def read_vars(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+def plugin_module() -> Any:
+    spec = importlib.util.spec_from_file_location("ec2_fleet_test", REPO / "plugins/inventory/ec2_fleet.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def fleet(aws: MotoServer) -> MotoServer:
     ec2fleet.build(boto3.client("ec2"), FLEET, subnets=2, batch=3, lab=True)
@@ -121,6 +132,23 @@ def test_plugin_and_aws_ec2_build_the_same_groups_and_read_vars(fleet: MotoServe
     group_vars = {k for k in full if k in inventory_group_vars() and k not in READ_VARS}
     assert set(host) - group_vars <= {*READ_VARS, "aws_instance_id", "aws_region"}
     assert "aws_network_interfaces" in full and "aws_network_interfaces" not in host
+
+
+def test_plugin_client_leaves_timestamps_unparsed(fleet: MotoServer) -> None:
+    # Parsing each p5's 32 attachment times was about 45% of a describe (docs/performance.md); the
+    # records read none. Other clients in the process keep botocore's datetimes.
+    ec2 = plugin_module().ec2_client(boto3, "us-east-1", None, None, Config())
+    p5 = next(
+        i
+        for r in ec2.describe_instances()["Reservations"]
+        for i in r["Instances"]
+        if i["InstanceType"] == "p5.48xlarge"
+    )
+    assert isinstance(p5["LaunchTime"], str)
+    assert len(p5["NetworkInterfaces"]) == 32
+    assert all(isinstance(n["Attachment"]["AttachTime"], str) for n in p5["NetworkInterfaces"])
+    default = boto3.client("ec2").describe_instances()["Reservations"][0]["Instances"][0]
+    assert isinstance(default["LaunchTime"], datetime.datetime)
 
 
 def test_plugin_answers_from_its_cache_until_flushed(fleet: MotoServer, tmp_path: Path) -> None:

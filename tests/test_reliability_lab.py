@@ -25,10 +25,14 @@ LAB = labtools.lab_name("rel")
 EFA_PACKAGES = ("rdma-core", "ibverbs-providers", "libfabric1", "libfabric-bin")
 # Only the efa role's distribution packages (a real role's ansible.builtin.apt task): the
 # installer and the sysctl/limits steps are switched off, so its pinned checksum is moot here.
+# {lock_timeout}: ansible.builtin.apt's lock_timeout (its default is 60 s; the role leaves it so).
 EFA_PACKAGES_PLAY = """\
 - name: The efa role's distribution packages only
   hosts: all
   become: true
+  module_defaults:
+    ansible.builtin.apt:
+      lock_timeout: {lock_timeout}
   roles:
     - role: gpuforge.gpu.efa
       vars:
@@ -36,7 +40,7 @@ EFA_PACKAGES_PLAY = """\
         efa_installer_sha256: "{zeros}"
         efa_sysctl_enabled: false
         efa_limits_enabled: false
-""".format(zeros="0" * 64)
+""".replace("{zeros}", "0" * 64)
 # Holds apt's frontend lock the way apt itself takes it (an fcntl write lock) for argv[1]
 # seconds; it records its pid in /run/gpuforge-lock-held once it holds the lock.
 HOLD_LOCK = (
@@ -138,6 +142,12 @@ def _purge_efa_packages(lab: labrun.Lab, host: str) -> None:
     assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
 
 
+def _efa_packages_play(directory: Path, lock_timeout: int = 60) -> Path:
+    play = directory / "efa_packages.yml"
+    play.write_text(EFA_PACKAGES_PLAY.replace("{lock_timeout}", str(lock_timeout)))
+    return play
+
+
 def _package_states(lab: labrun.Lab, host: str) -> dict[str, str]:
     out = lab.ssh(host, "dpkg-query -W -f='${Package} ${db:Status-Abbrev}\\n' " + " ".join(EFA_PACKAGES))
     pairs = (line.split() for line in out.stdout.splitlines() if line.strip())
@@ -163,8 +173,7 @@ def test_apt_task_waits_for_a_held_lock_and_succeeds_once_released(
     hold_for = 20.0
     _hold_apt_lock(lab, host["name"], hold_for)
     held_since = time.monotonic()
-    play = tmp_path / "efa_packages.yml"
-    play.write_text(EFA_PACKAGES_PLAY)
+    play = _efa_packages_play(tmp_path)
     result = playbook(env, str(play), "--limit", names[host["ip"]])
     waited = time.monotonic() - held_since
     assert result.returncode == 0, result.stdout[-3000:]
@@ -175,13 +184,15 @@ def test_apt_task_waits_for_a_held_lock_and_succeeds_once_released(
 def test_apt_lock_held_past_the_timeout_fails_with_a_clear_message(
     lab: labrun.Lab, env: dict[str, str], names: dict[str, str], tmp_path: Path
 ) -> None:
-    """apt's own DPkg::Lock::Timeout (ansible.builtin.apt's lock_timeout, 60 s) then a clear failure."""
+    """apt's own DPkg::Lock::Timeout (ansible.builtin.apt's lock_timeout) then a clear failure.
+
+    The module's default (60 s) is shortened to 10 s for this play: the same wait and failure, sooner.
+    """
     host = lab.hosts[1]
     _purge_efa_packages(lab, host["name"])
     _hold_apt_lock(lab, host["name"], 150)
     try:
-        play = tmp_path / "efa_packages.yml"
-        play.write_text(EFA_PACKAGES_PLAY)
+        play = _efa_packages_play(tmp_path, lock_timeout=10)
         result = playbook(env, str(play), "--limit", names[host["ip"]])
         assert result.returncode != 0, result.stdout[-3000:]
         assert re.search(
@@ -200,8 +211,7 @@ def test_interrupted_package_install_is_recovered_by_a_rerun(
     interrupted = sudo(lab, host["name"], INTERRUPT_INSTALL.format(packages=" ".join(EFA_PACKAGES)))
     assert interrupted.returncode == 0, interrupted.stdout + interrupted.stderr
     assert "iU" in _package_states(lab, host["name"]).values(), "the install was not left half-done"
-    play = tmp_path / "efa_packages.yml"
-    play.write_text(EFA_PACKAGES_PLAY)
+    play = _efa_packages_play(tmp_path)
     result = playbook(env, str(play), "--limit", names[host["ip"]])
     assert result.returncode == 0, result.stdout[-3000:]
     assert set(_package_states(lab, host["name"]).values()) == {"ii"}
