@@ -25,7 +25,7 @@ import testinfra
 import yaml
 
 import labtools
-from gpuforge import versions
+from gpuforge import node_manifest, versions
 from gpuforge.ami import manifest as packer_manifest
 from gpuforge.bench import labrun
 from gpuforge.lab import images as lab_images
@@ -174,6 +174,16 @@ def test_image_has_the_pinned_driver_held(image: Any) -> None:
     assert "nvidia-smi" in image.run("apt-mark showhold").stdout.split()
 
 
+def test_image_carries_slurm_with_its_daemons_off(image: Any) -> None:
+    """munge and both Slurm daemons are baked (a golden node's configure phase only configures
+    them), none enabled before a node is configured, and no munge key every node would share."""
+    for package in ("munge", "slurm-client", "slurmctld", "slurmd"):
+        assert image.package(package).is_installed, package
+    enabled = image.run("ls /etc/systemd/system/multi-user.target.wants/").stdout.split()
+    assert {"munge.service", "slurmctld.service", "slurmd.service"}.isdisjoint(enabled), enabled
+    assert not image.file("/etc/munge/munge.key").exists
+
+
 # A host booted from the image: the golden-image promise.
 
 
@@ -278,6 +288,7 @@ def test_golden_host_skips_the_install_phase_after_one_check(
     assert manifest["completed"] == {
         "versions_hash": versions.load().digest,
         "targets": manifest["targets"],
+        "install_revision": node_manifest.INSTALL_REVISION,
     }
     inventory = _aliases(golden, tmp_path, {"golden": {"gpuforge_instance_type": manifest["targets"][0]}})
     run, decisions = _run_aliases(golden, builder, inventory)

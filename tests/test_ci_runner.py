@@ -141,3 +141,12 @@ def test_molecule_playbooks_take_the_lab_name_with_its_suffix() -> None:
     assert offenders == []
     shared = (REPO / "molecule" / "_shared" / "lab_vars.yml").read_text()
     assert "GPUFORGE_TEST_LAB_SUFFIX" in shared
+
+
+def test_every_lab_phase_has_an_estimate_and_every_estimate_a_phase() -> None:
+    """Longest-first needs a figure for each phase but the CPU-bound unit shards (weighed by module);
+    a phase without one would start at UNKNOWN_ESTIMATE's place, a stale name would hide a rename."""
+    phases = testrun.pytest_phases(REPO / "tests", "pytest", "", unit_shards=3)
+    phases += testrun.molecule_phases(REPO / "molecule", "molecule")
+    names = {p.name for p in phases if not p.name.startswith("pytest unit-")} | {"lint"}
+    assert set(testrun.ESTIMATES) == names

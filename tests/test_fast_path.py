@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 BAKE = yaml.safe_load((REPO / "playbooks/bake.yml").read_text())
 INSTALL_PLAY = next(p for p in BAKE if p["name"] == "Bake the GPU software stack")
 INSTALL_ROLES = [r["role"].rsplit(".", 1)[-1] for r in INSTALL_PLAY["roles"]]
+FLEET_PLAY = yaml.safe_load((REPO / "playbooks/fleet.yml").read_text())[0]
+FLEET_ROLES = [r["role"].rsplit(".", 1)[-1] for r in FLEET_PLAY["roles"]]
 
 
 def _tasks(role: str) -> list[dict[str, Any]]:
@@ -21,9 +23,12 @@ def _tasks(role: str) -> list[dict[str, Any]]:
     return tasks
 
 
-@pytest.mark.parametrize("role", INSTALL_ROLES)
+@pytest.mark.parametrize("role", [r for r in INSTALL_ROLES if r not in FLEET_ROLES])
 def test_every_configure_task_of_an_install_role_is_baked(role: str) -> None:
-    """A golden node skips the install play: whatever it configures must already be in the image."""
+    """A golden node skips the install play: whatever it configures must already be in the image.
+
+    A role the fleet play runs too (slurm) configures there, golden node or not.
+    """
     left_out = [
         t["name"]
         for t in _tasks(role)
@@ -55,3 +60,19 @@ def test_the_install_play_leaves_golden_hosts_out_after_one_decision() -> None:
 )
 def test_bakes_and_the_drift_check_ask_for_the_full_install(path: str, text: str) -> None:
     assert text in (REPO / path).read_text()
+
+
+def test_the_image_carries_slurm_and_a_golden_node_only_configures_it() -> None:
+    """The install play installs munge and the Slurm daemons (install part only); the fleet play
+    configures them and runs the apt check only where no install phase ran before it."""
+    (slurm,) = [r for r in INSTALL_PLAY["roles"] if r["role"] == "gpuforge.gpu.slurm"]
+    assert slurm["vars"] == {"_slurm_install_phase": True}
+    assert "slurm" in FLEET_ROLES
+    main = {t["name"]: t for t in _tasks("slurm")}
+    install = main["Install munge and the Slurm daemons"]
+    assert install["tags"] == ["install"] and "_slurm_install_here | bool" in install["when"]
+    for name, task in main.items():
+        if "configure" in task.get("tags", []):
+            assert "not _slurm_install_phase | default(false) | bool" in task["when"], name
+    here = yaml.safe_load((REPO / "roles/slurm/vars/main.yml").read_text())["_slurm_install_here"]
+    assert "gpuforge_fast_path is not defined" in here

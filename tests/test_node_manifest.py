@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuforge import node_manifest, versions
 from gpuforge.errors import UserError
@@ -68,7 +69,14 @@ def test_differences_compare_actual_versions() -> None:
 
 
 # The golden fast path's decision: case -> (manifest or None, instance type, full install, expected).
-GOLDEN = {**SCHEMA2, "completed": {"versions_hash": PINS.digest, "targets": ["p5.48xlarge", "p5e.48xlarge"]}}
+GOLDEN = {
+    **SCHEMA2,
+    "completed": {
+        "versions_hash": PINS.digest,
+        "targets": ["p5.48xlarge", "p5e.48xlarge"],
+        "install_revision": node_manifest.INSTALL_REVISION,
+    },
+}
 OLD = "0" * 64
 FAST_PATH: dict[str, tuple[dict[str, Any] | None, str, bool, tuple[bool, str]]] = {
     "golden": (
@@ -108,6 +116,17 @@ FAST_PATH: dict[str, tuple[dict[str, Any] | None, str, bool, tuple[bool, str]]] 
         False,
         (False, f"the last install phase for pins {PINS.digest[:12]} did not finish"),
     ),
+    # Baked before the install phase baked munge and Slurm (no install_revision recorded).
+    "older-install-phase": (
+        {**GOLDEN, "completed": {"versions_hash": PINS.digest, "targets": ["p5.48xlarge"]}},
+        "p5.48xlarge",
+        False,
+        (
+            False,
+            "the image's install phase is revision 1, gpuforge's is 2"
+            " (it did not bake munge and the Slurm daemons)",
+        ),
+    ),
     "foreign-type": (
         GOLDEN,
         "g6e.xlarge",
@@ -123,6 +142,16 @@ FAST_PATH: dict[str, tuple[dict[str, Any] | None, str, bool, tuple[bool, str]]] 
 }
 
 
+# The role side's install revision, which its manifest writer records and its fast path compares.
+ROLE_INSTALL_REVISION = yaml.safe_load((REPO / "roles/gpuforge_common/vars/main.yml").read_text())[
+    "_gpuforge_common_install_revision"
+]
+
+
+def test_both_sides_agree_on_the_install_revision() -> None:
+    assert ROLE_INSTALL_REVISION == node_manifest.INSTALL_REVISION
+
+
 @pytest.mark.parametrize("case", list(FAST_PATH))
 def test_python_fast_path_decision(case: str) -> None:
     data, instance_type, full, expected = FAST_PATH[case]
@@ -132,10 +161,14 @@ def test_python_fast_path_decision(case: str) -> None:
 
 def test_completed_round_trips_and_malformed_is_refused() -> None:
     node = node_manifest.parse(GOLDEN)
-    assert node.completed == node_manifest.Completed(PINS.digest, ("p5.48xlarge", "p5e.48xlarge"))
+    assert node.completed == node_manifest.Completed(
+        PINS.digest, ("p5.48xlarge", "p5e.48xlarge"), node_manifest.INSTALL_REVISION
+    )
     assert node_manifest.parse(node.as_dict()) == node
     with pytest.raises(UserError, match="completed"):
         node_manifest.parse({**SCHEMA2, "completed": {"targets": []}})
+    with pytest.raises(UserError, match="install_revision"):
+        node_manifest.parse({**SCHEMA2, "completed": {**GOLDEN["completed"], "install_revision": "2"}})
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +254,11 @@ def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cases["written-completed"][1]["vars"].update(
         {
             "_template": str(REPO / "roles/gpuforge_common/templates/etc/gpuforge/manifest.json.j2"),
-            "_last": {"_gpuforge_common_installed_now": {}, "_gpuforge_common_install_completed": True},
+            "_last": {
+                "_gpuforge_common_installed_now": {},
+                "_gpuforge_common_install_completed": True,
+                "_gpuforge_common_install_revision": ROLE_INSTALL_REVISION,
+            },
             "_over_golden": {"_gpuforge_common_installed_now": {}, "gpuforge_previous_manifest": GOLDEN},
             "_over_fresh": {"_gpuforge_common_installed_now": {}},
         }
@@ -239,7 +276,11 @@ def test_role_fast_path_decides_as_python(role_side: dict[str, Any], case: str) 
 @pytest.mark.slow
 def test_only_the_last_write_records_a_completed_install(role_side: dict[str, Any]) -> None:
     last, first_over_golden, first_over_fresh = role_side["written-completed"]
-    assert last["completed"] == {"versions_hash": PINS.digest, "targets": ["p5.48xlarge"]}
+    assert last["completed"] == {
+        "versions_hash": PINS.digest,
+        "targets": ["p5.48xlarge"],
+        "install_revision": ROLE_INSTALL_REVISION,
+    }
     assert first_over_golden["completed"] == GOLDEN["completed"]  # kept from the earlier run
     assert "completed" not in first_over_fresh
 

@@ -166,6 +166,7 @@ def _fake_root(root: Path) -> None:
             "# Created by cloud-init on instance boot automatically\n"
         ),
         "etc/sysconfig/network-scripts/ifcfg-lo": "DEVICE=lo\n",
+        "etc/munge/munge.key": "builder's munge key\n",
         "etc/machine-id": "0123456789abcdef0123456789abcdef\n",
         "var/lib/dbus/machine-id": "0123456789abcdef0123456789abcdef\n",
     }
@@ -211,6 +212,8 @@ def test_sanitize_removes_host_identity_and_secrets(tmp_path: Path) -> None:
     assert (root / "etc/machine-id").is_file()
     assert (root / "etc/machine-id").read_text() == ""
     assert not (root / "var/lib/dbus/machine-id").exists()
+    assert not (root / "etc/munge/munge.key").exists()
+    assert (root / "etc/munge").is_dir()
     assert "cleaned" in result.stdout
 
     # A second run (an already clean image) succeeds and removes nothing more.

@@ -45,6 +45,10 @@ done
 remove "$root"/var/lib/cloud/*
 remove "$root"/var/log/cloud-init.log "$root"/var/log/cloud-init-output.log
 
+# The munge key Debian's and Ubuntu's munge package generated on the builder: every node of the
+# image would share it until configured. The slurm role writes the cluster's own (from SSM) on each node.
+remove "$root"/etc/munge/munge.key
+
 # Scratch space and crash dumps of the build (Packer's uploaded scripts included: this one is
 # already read by bash, and Packer removes its copy with rm -f).
 remove "$root"/tmp/* "$root"/var/tmp/* "$root"/var/crash/*

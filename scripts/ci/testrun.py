@@ -41,24 +41,26 @@ _OWN_LAB = re.compile(r"^\s*[A-Za-z_]\w*\s*=\s*(?:labtools\.)?lab_name\(", re.MU
 # A module that takes the session-wide fixture shares conftest's lab with the others.
 _SHARED_LAB = re.compile(r"\bfleet_lab\s*[:,)]")
 
-# Seconds each phase took in the last CI logs (loaded machine), used only to start the longest
-# phases first; a phase not listed is assumed long, so it is started early rather than last.
+# Seconds each phase took in the last clean-clone CI run (docs/performance.md: 2 CPUs, 4 phases at
+# once, load 6-10), used only to start the longest phases first: with stale figures the Molecule
+# nvidia scenario (838 s) started after 20 minutes and ended the run. A phase not listed is assumed
+# long, so it is started early rather than last. The unit shards are estimated from MODULE_WEIGHTS.
 ESTIMATES: dict[str, float] = {
-    "lint": 200,
-    "pytest fleet_lab": 60,
-    "pytest test_ami_local_bake": 420,
-    "pytest test_fleet_lab": 420,
-    "pytest test_reliability_lab": 240,
-    "pytest test_efa_verify": 110,
-    "pytest test_lab_integration": 150,
-    "pytest test_mitogen_strategy": 120,
-    # Three base-image twins baked side by side, relaunched and baked again: 687 s at load 6,
-    # 1,094 s at load 10; the longest lab phase, so it starts first.
-    "pytest test_twins": 900,
+    "lint": 263,
+    "pytest fleet_lab": 217,
+    "pytest test_ami_local_bake": 191,
+    "pytest test_fleet_lab": 1186,
+    "pytest test_partial_failure_lab": 617,
+    "pytest test_reliability_lab": 439,
+    "pytest test_efa_verify": 197,
+    "pytest test_lab_integration": 90,
+    "pytest test_mitogen_strategy": 86,
+    "pytest test_readme": 85,
+    "pytest test_twins": 1141,
     "molecule default": 120,
-    "molecule nvidia": 240,
-    "molecule stack": 200,
-    "molecule slurm": 240,
+    "molecule nvidia": 838,
+    "molecule stack": 448,
+    "molecule slurm": 431,
 }
 UNKNOWN_ESTIMATE = 300.0
 

@@ -30,6 +30,11 @@ SCHEMA = 2
 PATH = Path("/etc/gpuforge/manifest.json")
 # One AMI tag per installed component: "gpuforge:installed:<component>" = "<version>/<source>[@<digest>]".
 INSTALLED_TAG_PREFIX = "gpuforge:installed:"
+# What the install phase (playbooks/bake.yml) covers beyond the pinned components, recorded as the
+# manifest's completed.install_revision; bumped whenever it starts baking something versions.yml does
+# not pin, so an image baked before that change takes the full install. 2: munge and the Slurm
+# daemons (the slurm role's install part). The role side is roles/gpuforge_common/vars/main.yml.
+INSTALL_REVISION = 2
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Completed:
 
     versions_hash: str
     targets: tuple[str, ...]
+    # What that install phase covered beyond the pins (INSTALL_REVISION); 1 where not recorded.
+    install_revision: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class NodeManifest:
             out["completed"] = {
                 "versions_hash": self.completed.versions_hash,
                 "targets": list(self.completed.targets),
+                "install_revision": self.completed.install_revision,
             }
         return out
 
@@ -143,7 +151,12 @@ def _completed(raw: Any, where: str) -> Completed | None:
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("versions_hash"), str):
         raise UserError(f"{where}: completed needs a versions_hash and targets, got {raw!r}")
-    return Completed(raw["versions_hash"], _names(raw.get("targets", []), f"{where}: completed.targets"))
+    revision = raw.get("install_revision", 1)
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 1:
+        raise UserError(f"{where}: completed.install_revision must be a positive integer, got {revision!r}")
+    return Completed(
+        raw["versions_hash"], _names(raw.get("targets", []), f"{where}: completed.targets"), revision
+    )
 
 
 def _pins(raw: Any, where: str) -> dict[str, dict[str, str]]:
@@ -199,6 +212,11 @@ def fast_path(
             return False, f"the last install phase for pins {versions_hash[:12]} did not finish"
         have, want = done.versions_hash[:12], versions_hash[:12]
         return False, f"pins changed: the node has {have}, versions.yml {want}"
+    if done.install_revision < INSTALL_REVISION:
+        return False, (
+            f"the image's install phase is revision {done.install_revision}, gpuforge's is {INSTALL_REVISION}"
+            " (it did not bake munge and the Slurm daemons)"
+        )
     if not instance_type or instance_type == "unknown":
         return False, "this node's instance type is unknown (the inventory sets no gpuforge_instance_type)"
     if instance_type not in done.targets:
