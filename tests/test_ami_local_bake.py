@@ -25,9 +25,9 @@ import testinfra
 import yaml
 
 import labtools
+import torchdouble
 from gpuforge import node_manifest, versions
 from gpuforge.ami import manifest as packer_manifest
-from gpuforge.bench import labrun
 from gpuforge.lab import images as lab_images
 from labtools import LAB_MARKS, REPO, gpuforge, lab, on, playbook, recap
 
@@ -59,7 +59,8 @@ def baked(builder: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> 
     prepare = playbook(builder["env"], "tests/fixtures/nvidia/prepare.yml", timeout=900)
     assert prepare.returncode == 0, prepare.stdout[-3000:]
     identity = on(BUILDER_LAB, host, "cat /etc/machine-id /etc/ssh/ssh_host_ed25519_key.pub").split()
-    lab_vars = labrun.write_bake_vars(tmp)
+    # No assertion here reads torch: the pytorch role installs the kilobyte TEST DOUBLE of its wheel.
+    lab_vars = torchdouble.bake_vars(builder["env"]["GPUFORGE_LAB_ARTIFACTS"], tmp)
     result = gpuforge(
         "bake",
         "--local",

@@ -152,6 +152,28 @@ def test_roles_name_each_other_by_fqcn() -> None:
             assert name.startswith(f"{FQCN}."), f"{role} depends on {name}"
 
 
+def test_playbooks_list_the_roles_others_depend_on_as_their_dependencies_do() -> None:
+    """Ansible runs a role once per play only when every instance of it has the same tags, when and
+    vars: a playbook entry with tags for a role that other roles depend on runs it a second time.
+    Such roles tag their own tasks with their name instead, so `--tags`/`--skip-tags` still select them."""
+    depended_on = set()
+    for role in ROLES:
+        meta = yaml.safe_load((REPO / "roles" / role / "meta/main.yml").read_text())
+        for dep in meta.get("dependencies") or []:
+            assert set(dep) == {"role"}, f"{role} depends on {dep} with more than its name"
+            depended_on.add(dep["role"])
+    assert {f"{FQCN}.nvidia_driver", f"{FQCN}.gpuforge_common"} <= depended_on
+    for playbook in sorted((REPO / "playbooks").glob("*.yml")):
+        for play in yaml.safe_load(playbook.read_text()) or []:
+            for entry in play.get("roles") or []:
+                if isinstance(entry, dict) and entry["role"] in depended_on:
+                    assert set(entry) == {"role"}, f"{playbook.name}: {entry}"
+    for name in depended_on:
+        role = name.removeprefix(f"{FQCN}.")
+        for task in yaml.safe_load((REPO / "roles" / role / "tasks/main.yml").read_text()):
+            assert role in task.get("tags", []), f"{role}: {task['name']}"
+
+
 def test_no_role_reaches_outside_itself() -> None:
     for path in (REPO / "roles").rglob("*.yml"):
         assert "role_path }}/.." not in path.read_text(), path

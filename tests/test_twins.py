@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import labtools
+import torchdouble
 import twinlab
 from gpuforge import versions
 from gpuforge.bench import labrun
@@ -215,7 +216,8 @@ def baked(
     env = next(iter(twins.values()))["info"]["env"]
     prepare = playbook(env, labrun.FIXTURE_PLAYBOOK, timeout=900)
     assert prepare.returncode == 0, prepare.stdout[-3000:]
-    lab_vars = labrun.write_bake_vars(tmp)
+    # No assertion here reads torch: the pytorch role installs the kilobyte TEST DOUBLE of its wheel.
+    lab_vars = torchdouble.bake_vars(env["GPUFORGE_LAB_ARTIFACTS"], tmp)
     print(f"twins prepared in {time.monotonic() - started:.1f}s")
 
     def first(name: str) -> dict[str, Any]:
@@ -281,6 +283,19 @@ def test_second_bake_changes_nothing(baked: dict[str, dict[str, Any]], name: str
     second = baked[name]["second"]
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
     assert bake_recap(second)["changed"] == 0, second.stderr[-6000:]
+
+
+@needs_bake
+@pytest.mark.parametrize("name", NAMES)
+def test_bake_runs_each_role_once(baked: dict[str, dict[str, Any]], name: str) -> None:
+    """Roles others depend on (the driver, gpuforge_common) run once per bake, not again per dependent."""
+    assert_baked(baked[name])
+    output = baked[name]["first"].stderr
+    for task in (
+        "gpuforge.gpu.nvidia_driver : Write the driver report",
+        "gpuforge.gpu.gpuforge_common : Read the DMI vendor",
+    ):
+        assert output.count(f"TASK [{task}") == 1, task
 
 
 def assert_baked(result: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ test-only key.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -29,6 +30,20 @@ PINS = versions.load().components
 DEB_VERSION = PINS["nvidia_driver"]["version"] + "-1"
 
 
+# Each failure path reruns its role's dependencies (gpuforge_common, nvidia_driver) up to the
+# failing task, about 80 tasks; mitogen (plugins/strategy, a dev dependency) runs them in one
+# interpreter per host. The messages and the host's state are the roles' own, whatever the
+# strategy; converge, idempotence and check above run under the default `linear`.
+_STRATEGY = (
+    {
+        "ANSIBLE_STRATEGY": "mitogen_linear",
+        "ANSIBLE_STRATEGY_PLUGINS": str(SCENARIO.parent.parent / "plugins" / "strategy"),
+    }
+    if importlib.util.find_spec("ansible_mitogen")
+    else {}
+)
+
+
 def _play(playbook: str, extra: dict[str, object]) -> str:
     """Run a failure-path playbook on the compute host; assert it failed; return its output.
 
@@ -40,6 +55,7 @@ def _play(playbook: str, extra: dict[str, object]) -> str:
         ANSIBLE_FORCE_COLOR="0",
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+        **_STRATEGY,
     )
     result = subprocess.run(
         [
