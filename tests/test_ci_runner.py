@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -104,6 +105,20 @@ def test_a_phase_over_its_timeout_is_stopped(logs: Path) -> None:
     testrun.run_concurrently([phase], jobs=1, timeout=0.5, echo=False)
     assert time.monotonic() - start < 10
     assert not phase.ok
+
+
+def test_a_phase_started_with_sigint_ignored_is_still_stopped_by_it(logs: Path) -> None:
+    """`.ci/run &` starts the runner with SIGINT ignored; its phases must still take the SIGINT that
+    lets pytest and Molecule tear their labs down (else only SIGKILL after the grace period)."""
+    phase = testrun.Phase("hangs", ["sleep", "60"])
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        start = time.monotonic()
+        testrun.run_concurrently([phase], jobs=1, timeout=0.5, echo=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - start < 10
+    assert phase.returncode == -signal.SIGINT
 
 
 def test_the_table_names_every_phase_the_total_and_the_machine() -> None:

@@ -42,27 +42,27 @@ _OWN_LAB = re.compile(r"^\s*[A-Za-z_]\w*\s*=\s*(?:labtools\.)?lab_name\(", re.MU
 _SHARED_LAB = re.compile(r"\bfleet_lab\s*[:,)]")
 
 # Seconds each phase took in the last clean-clone CI run (docs/performance.md: 2 CPUs, 4 phases at
-# once, load 6-10), used only to start the longest phases first: with stale figures the Molecule
-# nvidia scenario (838 s) started after 20 minutes and ended the run. A phase not listed is assumed
-# long, so it is started early rather than last. The unit shards are estimated from MODULE_WEIGHTS.
+# once, idle machine, empty lab cache, commit 00be11e), used only to start the longest phases
+# first: a phase estimated too short starts late and runs alone at the end. A phase not listed is
+# assumed long, so it is started early rather than last. The unit shards use MODULE_WEIGHTS.
 ESTIMATES: dict[str, float] = {
-    "lint": 263,
-    "pytest fleet_lab": 217,
-    "pytest test_ami_local_bake": 191,
-    "pytest test_fleet_lab": 1186,
-    "pytest test_partial_failure_lab": 617,
-    "pytest test_reliability_lab": 439,
-    "pytest test_efa_verify": 197,
-    "pytest test_lab_integration": 90,
-    "pytest test_mitogen_strategy": 86,
-    "pytest test_readme": 85,
-    # Measured apart (docs/performance.md "The twin bakes"): 807 s at load 6-10 once each role ran
-    # once per bake and the bakes installed the torch wheel's TEST DOUBLE (1,141 s in CI before).
-    "pytest test_twins": 807,
-    "molecule default": 120,
-    "molecule nvidia": 838,
-    "molecule stack": 448,
-    "molecule slurm": 431,
+    "lint": 147,
+    "pytest fleet_lab": 222,
+    # 353 s: with 191 s (the run before Slurm was baked into the image) it started last and ran
+    # alone for the final three minutes.
+    "pytest test_ami_local_bake": 353,
+    "pytest test_fleet_lab": 948,
+    "pytest test_partial_failure_lab": 572,
+    "pytest test_reliability_lab": 168,
+    "pytest test_efa_verify": 101,
+    "pytest test_lab_integration": 70,
+    "pytest test_mitogen_strategy": 77,
+    "pytest test_readme": 45,
+    "pytest test_twins": 899,
+    "molecule default": 57,
+    "molecule nvidia": 836,
+    "molecule stack": 325,
+    "molecule slurm": 257,
 }
 UNKNOWN_ESTIMATE = 300.0
 
@@ -70,7 +70,8 @@ UNKNOWN_ESTIMATE = 300.0
 # shards that run side by side; these relative weights (seconds per module under load, from
 # `--durations`) balance them. A module not listed weighs DEFAULT_MODULE_WEIGHT.
 MODULE_WEIGHTS: dict[str, float] = {
-    "test_aws_ofi_nccl_plan": 300,
+    # Its role-case plays run under mitogen since 2f201a5 (its whole shard took 125 s in CI).
+    "test_aws_ofi_nccl_plan": 60,
     "test_ami_bake": 180,
     "test_ami_prune": 125,
     "test_stack_roles_validate": 100,
@@ -165,6 +166,16 @@ def molecule_phases(molecule_dir: Path, molecule: str) -> list[Phase]:
     return phases
 
 
+def _interruptible() -> None:
+    """In the phase's child before exec: SIGINT back to its default.
+
+    A shell starts background commands (`.ci/run &`, nohup, cron wrappers) with SIGINT ignored and
+    the child inherits that: pytest and Molecule would then ignore _stop's SIGINT, never tear
+    their labs down, and only die by SIGKILL after the grace period.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(process: subprocess.Popen[bytes], grace: float = 90) -> None:
     """SIGINT first (pytest and Molecule tear their labs down on it), then SIGKILL."""
     for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 10)):
@@ -197,6 +208,7 @@ def run_concurrently(phases: Sequence[Phase], jobs: int, timeout: float, echo: b
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
                         start_new_session=True,
+                        preexec_fn=_interruptible,
                     )
                 running[phase.name] = (phase, process, time.monotonic())
                 _say(f"== started {phase.name} ({len(running)} running, {len(waiting)} waiting)", echo)
