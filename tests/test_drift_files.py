@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
+import sourcefile
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("drift_files", REPO / "plugins/filter/drift_files.py")
-assert _spec is not None and _spec.loader is not None
-drift_files = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(drift_files)
+drift_files = sourcefile.load("drift_files", "plugins/filter/drift_files.py")
 
 
 def _output(tasks: list[dict[str, object]]) -> str:

@@ -8,7 +8,6 @@ the same values; the plugin also caches, covers several regions and fails in one
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 import yaml
 from botocore.config import Config
 
+import sourcefile
 from gpuforge.bench import ec2fleet
 from gpuforge.bench.throttle import ThrottlingProxy
 from gpuforge.lab.moto import MotoServer, free_port
@@ -99,14 +99,6 @@ def read_vars(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def plugin_module() -> Any:
-    spec = importlib.util.spec_from_file_location("ec2_fleet_test", REPO / "plugins/inventory/ec2_fleet.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def fleet(aws: MotoServer) -> MotoServer:
     ec2fleet.build(boto3.client("ec2"), FLEET, subnets=2, batch=3, lab=True)
@@ -137,7 +129,9 @@ def test_plugin_and_aws_ec2_build_the_same_groups_and_read_vars(fleet: MotoServe
 def test_plugin_client_leaves_timestamps_unparsed(fleet: MotoServer) -> None:
     # Parsing each p5's 32 attachment times was about 45% of a describe (docs/performance.md); the
     # records read none. Other clients in the process keep botocore's datetimes.
-    ec2 = plugin_module().ec2_client(boto3, "us-east-1", None, None, Config())
+    ec2 = sourcefile.load("ec2_fleet_test", "plugins/inventory/ec2_fleet.py").ec2_client(
+        boto3, "us-east-1", None, None, Config()
+    )
     p5 = next(
         i
         for r in ec2.describe_instances()["Reservations"]

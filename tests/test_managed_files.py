@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
+import sourcefile
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("managed_files", REPO / "plugins/filter/managed_files.py")
-assert _spec is not None and _spec.loader is not None
-managed_files = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(managed_files)
+managed_files = sourcefile.load("managed_files", "plugins/filter/managed_files.py")
 
 CONF = "SlurmctldPort=6817\n"
 MANAGED: list[dict[str, Any]] = [
