@@ -5,9 +5,7 @@ digest. One lab holds one host per twin (`labtools.reimage` swaps each host onto
 image). The hosts are baked at the same time, each by its own real `gpuforge bake --local` (the
 lab shares two cores: three bakes side by side take far less than three in a row), relaunched
 (new host keys, as an instance of the sanitized image gets) and baked once more, which must change
-nothing. The first bakes run under Ansible's default strategy, as a user's bake does; the second
-ones under the opt-in mitogen strategy when it is installed (see SECOND_BAKE_ENV). Every other
-assertion reads those two bakes. The cases that need a changed host (a
+nothing. Every other assertion reads those two bakes. The cases that need a changed host (a
 component below its floor, a pin below the installed release) run one role, on one twin, after.
 
 Needs root, systemd-nspawn (the lab), gcc, dpkg-deb and packer; CI installs them.
@@ -15,7 +13,6 @@ Needs root, systemd-nspawn (the lab), gcc, dpkg-deb and packer; CI installs them
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -165,19 +162,7 @@ def bake_recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
     return next(iter(stats.values()))
 
 
-# The second bakes run under the opt-in mitogen strategy (plugins/strategy/mitogen_linear.py, a dev
-# dependency), which a user's bake gets with ANSIBLE_STRATEGY=mitogen_linear: one Python
-# interpreter per host instead of one per task. The first bakes, which every other assertion
-# reads, keep Ansible's default strategy. Measured on one twin (docs/performance.md), the
-# idempotent second bake took the host 8 s of CPU instead of 35 s, and Ansible's side the same.
-SECOND_BAKE_ENV = (
-    {"ANSIBLE_STRATEGY": "mitogen_linear"} if importlib.util.find_spec("ansible_mitogen") is not None else {}
-)
-
-
-def bake(
-    twin: dict[str, Any], work: Path, lab_vars: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
+def bake(twin: dict[str, Any], work: Path, lab_vars: Path) -> subprocess.CompletedProcess[str]:
     record: twinlab.Twin = twin["record"]
     started = time.monotonic()
     result = gpuforge(
@@ -193,15 +178,11 @@ def bake(
         str(work),
         "--extra-vars",
         str(lab_vars),
-        env={"GPUFORGE_LAB_ARTIFACTS": twin["info"]["env"]["GPUFORGE_LAB_ARTIFACTS"], **(env or {})},
+        env={"GPUFORGE_LAB_ARTIFACTS": twin["info"]["env"]["GPUFORGE_LAB_ARTIFACTS"]},
         without_aws=True,
         timeout=1500,
     )
-    strategy = (env or {}).get("ANSIBLE_STRATEGY", "default strategy")
-    print(
-        f"twin {twin['name']}: bake ({strategy}) in {time.monotonic() - started:.1f}s "
-        f"(exit {result.returncode})"
-    )
+    print(f"twin {twin['name']}: bake in {time.monotonic() - started:.1f}s (exit {result.returncode})")
     return result
 
 
@@ -261,7 +242,7 @@ def baked(
             return None  # nothing to bake again
         twin = twins[name]
         relaunch(TWIN_LAB, twin["host"]["name"], twin["image"])
-        result = bake(twin, tmp / name / "second", lab_vars, SECOND_BAKE_ENV)
+        result = bake(twin, tmp / name / "second", lab_vars)
         relaunch(TWIN_LAB, twin["host"]["name"], twin["image"])
         return result
 
@@ -298,7 +279,6 @@ def test_bake_changes_no_recorded_component_at_or_above_its_floor(
 @needs_bake
 @pytest.mark.parametrize("name", NAMES)
 def test_second_bake_changes_nothing(baked: dict[str, dict[str, Any]], name: str) -> None:
-    """The relaunched image baked again (under SECOND_BAKE_ENV's strategy): nothing to change."""
     assert_baked(baked[name])
     second = baked[name]["second"]
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
