@@ -12,10 +12,12 @@ can check that a failed bake leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import sys
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +126,7 @@ BASE_PARAMETER = "/gpuforge-test/dlami-base"
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def fake_packer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Install the fake packer as $GPUFORGE_PACKER; returns the file it logs its calls to."""
+def _install_fake_packer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     exe = tmp_path / "bin" / "packer"
     exe.parent.mkdir()
     exe.write_text(FAKE_PACKER.replace("{python}", sys.executable))
@@ -136,6 +136,12 @@ def fake_packer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GPUFORGE_PACKER", str(exe))
     monkeypatch.setenv("FAKE_PACKER_CALLS", str(calls))
     return calls
+
+
+@pytest.fixture
+def fake_packer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Install the fake packer as $GPUFORGE_PACKER; returns the file it logs its calls to."""
+    return _install_fake_packer(tmp_path, monkeypatch)
 
 
 def _builds(calls: Path) -> list[list[str]]:
@@ -151,15 +157,18 @@ def _register_base(name: str) -> str:
     return ami
 
 
-@pytest.fixture
-def dlami_base(aws: MotoServer) -> str:
+def _publish_dlami_base() -> str:
     ami = _register_base("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261120")
     boto3.client("ssm").put_parameter(Name=BASE_PARAMETER, Value=ami, Type="String")
     return ami
 
 
 @pytest.fixture
-def imds_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+def dlami_base(aws: MotoServer) -> str:
+    return _publish_dlami_base()
+
+
+def _record_imds_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Record ModifyImageAttribute requests (moto accepts ImdsSupport but does not store it)."""
     seen: list[dict[str, Any]] = []
     original = aws.client
@@ -172,7 +181,7 @@ def imds_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]
         return client
 
     monkeypatch.setattr(aws, "client", recording_client)
-    yield seen
+    return seen
 
 
 def _options(tmp_path: Path, **kw: Any) -> bake.BakeOptions:
@@ -188,40 +197,109 @@ def _gpuforge_images() -> list[dict[str, Any]]:
     )
 
 
-def test_bake_registers_tagged_imdsv2_image(
-    dlami_base: str,
-    fake_packer: Path,
-    tmp_path: Path,
-    imds_calls: list[dict[str, Any]],
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    image = bake.bake_aws(_options(tmp_path))
+@dataclass(frozen=True)
+class Baked:
+    """One successful bake with the defaults (Packer 1.6.6, the flavor's default targets), an extra vars
+    file given by a relative path, and what the tests below read from it."""
+
+    base: str
+    image: images.Image
+    imds_calls: list[dict[str, Any]]
+    builds: list[list[str]]
+    variables: dict[str, Any]
+    builder: dict[str, Any]
+    packer_log: str
+    progress: str
+    newest: images.Image | None
+    base_image: images.Image
+    cwd: Path
+
+
+@pytest.fixture(scope="module")
+def baked(moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory) -> Baked:
+    """The bake the tests below share: each reads a different part of it (one bake instead of four).
+
+    moto is reset first (as the `aws` fixture does) and everything is read before the next test resets it.
+    """
+    tmp_path = tmp_path_factory.mktemp("baked")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        moto_server.reset()
+        for key, value in moto_server.env().items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
+        calls = _install_fake_packer(tmp_path, monkeypatch)
+        base = _publish_dlami_base()
+        seen = _record_imds_calls(monkeypatch)
+        monkeypatch.chdir(tmp_path)
+        Path("extra.yml").write_text("nvidia_driver_persistence: false\n")
+        progress = io.StringIO()
+        with contextlib.redirect_stderr(progress):
+            image = bake.bake_aws(_options(tmp_path, extra_vars_file=Path("extra.yml")))
+        builds = _builds(calls)
+        var_file = Path(next(a.split("=", 1)[1] for a in builds[0] if a.startswith("-var-file=")))
+        return Baked(
+            base=base,
+            image=image,
+            imds_calls=seen,
+            builds=builds,
+            variables=json.loads(var_file.read_text()),
+            builder=_builder(base),
+            packer_log=_packer_log(tmp_path / "work"),
+            progress=progress.getvalue(),
+            newest=images.newest(images.gpuforge_images("dlami")),
+            base_image=images.describe(base),
+            cwd=tmp_path,
+        )
+
+
+def test_bake_registers_tagged_imdsv2_image(baked: Baked) -> None:
+    image = baked.image
     manifest = versions.load()
     for key, value in manifest.image_tags().items():
         assert image.tags[key] == value
     for component in manifest.components:
         assert image.tags[f"gpuforge:{component}"] == manifest.version(component)
-    assert image.tags["gpuforge:source-ami-id"] == dlami_base
+    assert image.tags["gpuforge:source-ami-id"] == baked.base
     assert image.tags["gpuforge:source-ami-name"].startswith("Deep Learning Base")
     assert image.tags["gpuforge:git-revision"] == bake.git_revision()
     # What the builder's node manifest says is really installed, with where it came from.
     assert image.tags["gpuforge:installed:nvidia_driver"] == "580.126.09/base_image"
     assert image.tags["gpuforge:installed:dcgm"] == "4.5.3/gpuforge"
     assert image.state == "available"
-    assert imds_calls == [{"ImageId": image.id, "ImdsSupport": {"Value": "v2.0"}}]
+    assert baked.imds_calls == [{"ImageId": image.id, "ImdsSupport": {"Value": "v2.0"}}]
     # Packer was asked for the AWS source only, with the resolved base and our tags in its var file.
-    (build,) = _builds(fake_packer)
+    (build,) = baked.builds
     assert "-only=amazon-ebs.gpu" in build and "-machine-readable" in build
-    var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
-    variables = json.loads(var_file.read_text())
-    assert variables["source_ami"] == dlami_base
-    assert variables["image_tags"] == {
+    assert baked.variables["source_ami"] == baked.base
+    assert baked.variables["image_tags"] == {
         **manifest.image_tags(),
         targets.TARGETS_TAG: ",".join(targets.DEFAULT_TARGETS["dlami"]),
     }
     # Progress is streamed while Packer runs.
-    err = capsys.readouterr().err
-    assert "Launching a source AWS instance" in err and "artifact from amazon-ebs.gpu" in err
+    assert "Launching a source AWS instance" in baked.progress
+    assert "artifact from amazon-ebs.gpu" in baked.progress
+
+
+def test_bake_requires_imdsv2_on_the_builder_before_provisioning(baked: Baked) -> None:
+    """The builder instance ends IMDSv2-only; the fake provisions only once it is (as check-imdsv2.sh)."""
+    builder = baked.builder
+    assert builder["MetadataOptions"]["HttpTokens"] == "required"
+    assert builder["MetadataOptions"]["HttpEndpoint"] == "enabled"
+    assert builder["State"]["Name"] == "terminated"
+    log = baked.packer_log
+    assert log.index(f"Instance ID: {builder['InstanceId']}") < log.index("Running ansible playbook")
+
+
+def test_rebuild_if_stale_on_versions_change(baked: Baked) -> None:
+    assert images.stale_reason(baked.newest, baked.base_image, versions.load().digest) is None
+    bumped = versions.Manifest({**versions.load().components, "nccl": {"version": "2.23.4", "cuda": "12.2"}})
+    reason = images.stale_reason(baked.newest, baked.base_image, bumped.digest)
+    assert reason is not None and "versions manifest changed" in reason
+
+
+def test_extra_vars_file_reaches_packer_as_absolute_path(baked: Baked) -> None:
+    """The bake was given extra.yml relative to its working directory."""
+    assert baked.variables["ansible_extra_vars_file"] == str(baked.cwd / "extra.yml")
 
 
 def test_bake_pcluster_flavor_carries_parallelcluster_tags(
@@ -252,19 +330,6 @@ def _builder(source_ami: str) -> dict[str, Any]:
 def _packer_log(work: Path) -> str:
     (log,) = work.glob("*/packer.log")
     return log.read_text()
-
-
-def test_bake_requires_imdsv2_on_the_builder_before_provisioning(
-    dlami_base: str, fake_packer: Path, tmp_path: Path
-) -> None:
-    """The builder instance ends IMDSv2-only; the fake provisions only once it is (as check-imdsv2.sh)."""
-    bake.bake_aws(_options(tmp_path))
-    builder = _builder(dlami_base)
-    assert builder["MetadataOptions"]["HttpTokens"] == "required"
-    assert builder["MetadataOptions"]["HttpEndpoint"] == "enabled"
-    assert builder["State"]["Name"] == "terminated"
-    log = _packer_log(tmp_path / "work")
-    assert log.index(f"Instance ID: {builder['InstanceId']}") < log.index("Running ansible playbook")
 
 
 def test_bake_stops_when_the_builder_cannot_be_made_imdsv2_only(
@@ -399,19 +464,6 @@ def test_rebuild_if_stale_skips_current_and_rebuilds_on_change(
     assert publish.read_parameter(publish.default_parameter("dlami")) == second
 
 
-def test_rebuild_if_stale_on_versions_change(
-    dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    options = _options(tmp_path)
-    bake.bake_aws(options)
-    newest = images.newest(images.gpuforge_images("dlami"))
-    base = images.describe(dlami_base)
-    assert images.stale_reason(newest, base, versions.load().digest) is None
-    bumped = versions.Manifest({**versions.load().components, "nccl": {"version": "2.23.4", "cuda": "12.2"}})
-    reason = images.stale_reason(newest, base, bumped.digest)
-    assert reason is not None and "versions manifest changed" in reason
-
-
 def test_bake_without_packer_is_a_user_error(
     dlami_base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -475,17 +527,6 @@ def test_bake_refuses_a_cluster_config_for_a_dlami_image_before_baking(
     assert cli.main([*argv, "--cluster-config", str(config)]) == 2
     assert "ParallelCluster configs take only pcluster-flavor images" in capsys.readouterr().err
     assert _builds(fake_packer) == []
-
-
-def test_extra_vars_file_reaches_packer_as_absolute_path(
-    dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    Path("extra.yml").write_text("nvidia_driver_persistence: false\n")
-    bake.bake_aws(_options(tmp_path, extra_vars_file=Path("extra.yml")))
-    (build,) = _builds(fake_packer)
-    var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
-    assert json.loads(var_file.read_text())["ansible_extra_vars_file"] == str(tmp_path / "extra.yml")
 
 
 def test_bake_carries_its_target_instance_types_to_ansible_and_tags(

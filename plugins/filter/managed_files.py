@@ -3,13 +3,14 @@
 A configure role used to template or create each of its files in a task of its own: on a rerun that
 changes nothing each one still costs a round trip to the host (two for a template: a stat, then the
 file module for its attributes). The configure roles instead describe their files once, rendered on
-the controller, read their state with one ansible.builtin.find (get_checksum), and write only the
-entries that differ:
+the controller, and pass them to roles/gpuforge_common/tasks/managed_files.yml, which reads their
+state with one ansible.builtin.find (get_checksum) and writes only the entries that differ:
 
-    _role_managed: [{path, state: file|directory, content (files), owner, group, mode}, ...]
-    find: {paths: "{{ _role_managed | gpuforge.gpu.managed_parents }}",
-           patterns: "{{ _role_managed | gpuforge.gpu.managed_names }}", file_type: any, get_checksum: true}
-    loop: "{{ _role_managed | gpuforge.gpu.managed_differ(found.files) }}"
+    gpuforge_common_managed_files: [{path, state: file|directory, content (files), owner, group, mode,
+                                     validate (optional), notify (optional)}, ...]
+    find: {paths: "{{ managed | gpuforge.gpu.managed_parents }}",
+           patterns: "{{ managed | gpuforge.gpu.managed_names }}", file_type: any, get_checksum: true}
+    loop: "{{ managed | gpuforge.gpu.managed_differ(found.files) }}"
 
 An entry differs when the path is missing, is of the other type, has another owner, group or mode,
 or (a file) has other content (SHA-1, find's default checksum and the one the copy module compares).
@@ -25,14 +26,17 @@ from ansible.errors import AnsibleFilterError
 
 
 def _entries(managed: Any) -> list[dict[str, Any]]:
+    """The entries, checked, with the optional keys filled in (state file, notify false) so the tasks
+    that write them can select on every key."""
     if not isinstance(managed, list) or not all(isinstance(e, dict) and "path" in e for e in managed):
         raise AnsibleFilterError("managed files: a list of entries with a path, state, owner, group and mode")
-    for entry in managed:
-        if entry.get("state", "file") not in ("file", "directory"):
+    entries = [{"state": "file", "notify": False, **entry} for entry in managed]
+    for entry in entries:
+        if entry["state"] not in ("file", "directory"):
             raise AnsibleFilterError(f"managed files: {entry['path']}: state must be file or directory")
-        if entry.get("state", "file") == "file" and not isinstance(entry.get("content"), str):
+        if entry["state"] == "file" and not isinstance(entry.get("content"), str):
             raise AnsibleFilterError(f"managed files: {entry['path']}: a file needs its content as a string")
-    return managed
+    return entries
 
 
 def managed_parents(managed: Any) -> list[str]:
@@ -48,7 +52,7 @@ def managed_names(managed: Any) -> list[str]:
 def _differs(entry: dict[str, Any], found: dict[str, Any] | None) -> bool:
     if found is None:
         return True
-    directory = entry.get("state", "file") == "directory"
+    directory = entry["state"] == "directory"
     if bool(found.get("isdir")) != directory or (not directory and not found.get("isreg")):
         return True
     if (found.get("pw_name"), found.get("gr_name")) != (entry.get("owner"), entry.get("group")):
@@ -61,7 +65,8 @@ def _differs(entry: dict[str, Any], found: dict[str, Any] | None) -> bool:
 
 
 def managed_differ(managed: Any, found_files: Any) -> list[dict[str, Any]]:
-    """The managed entries whose path, type, owner, group, mode or content differ from find's files."""
+    """The managed entries whose path, type, owner, group, mode or content differ from find's files
+    (with state and notify filled in)."""
     if not isinstance(found_files, list):
         raise AnsibleFilterError("managed_differ: pass the find result's files list")
     found = {str(f.get("path", "")).rstrip("/"): f for f in found_files if isinstance(f, dict)}

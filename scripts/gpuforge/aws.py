@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.loaders
+import botocore.session
 from botocore.config import Config
 
 # AWS_MAX_ATTEMPTS (botocore's own setting) may lower the attempts, e.g. where an unreachable endpoint
@@ -42,11 +44,36 @@ def region() -> str:
 CALL_LOG_ENV = "GPUFORGE_AWS_CALL_LOG"
 
 
+# One botocore data loader per AWS_DATA_PATH for the whole process (see _session).
+_LOADERS: dict[str | None, Any] = {}
+
+
+def _session() -> boto3.session.Session:
+    """A fresh session (credentials, profile and endpoints read again) that shares the API models.
+
+    Every botocore session has its own data loader, which reads and parses a service's JSON model
+    the first time a client of it is made. EC2's model is large, and one `gpuforge bake` makes a
+    dozen EC2 clients (the image, its copies, the builder's metadata options): with a loader of
+    its own each one parsed it again. The loader caches what it parsed per instance and holds
+    nothing but the files' contents, so one shared loader parses each model once per process.
+    """
+    core = botocore.session.get_session()
+    data_path = core.get_config_variable("data_path")
+    loader = _LOADERS.get(data_path)
+    if loader is None:
+        loader = _LOADERS[data_path] = botocore.loaders.create_loader(data_path)
+    core.register_component("data_loader", loader)
+    session = boto3.session.Session(botocore_session=core)
+    # boto3 appends its resource models' directory to the loader's search path for every session.
+    paths = loader.search_paths
+    while len(paths) > 1 and paths[-1] in paths[:-1]:
+        paths.pop()
+    return session
+
+
 def client(service: str, region_name: str | None = None) -> Any:
     """A boto3 client with adaptive retries (API throttling is retried, not fatal)."""
-    made = boto3.session.Session().client(
-        service, region_name=region_name or region(), config=_retry_config()
-    )
+    made = _session().client(service, region_name=region_name or region(), config=_retry_config())
     log_path = os.environ.get(CALL_LOG_ENV)
     if log_path:
         _record_calls(made, log_path)

@@ -10,7 +10,6 @@ from typing import Any
 
 from gpuforge.errors import UserError
 from gpuforge.nccl.evaluate import Evaluation
-from gpuforge.nccl.plot import plot
 
 _SLUG_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -109,6 +108,9 @@ def write(evaluations: Sequence[Evaluation], out_dir: Path) -> list[dict[str, An
 
 
 def _write(evaluations: Sequence[Evaluation], out_dir: Path) -> list[dict[str, Any]]:
+    # Imported here: matplotlib (and numpy) took about a quarter of every gpuforge command's start-up.
+    from gpuforge.nccl.plot import plot
+
     out_dir.mkdir(parents=True, exist_ok=True)
     entries = []
     used: set[str] = set()
