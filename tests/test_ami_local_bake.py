@@ -6,13 +6,16 @@ baked host is kept as a lab image (the lab's AMI). testinfra inspects that image
 (sanitized, stack installed, modes), and a new lab boots from it: the host must come up with an
 identity of its own and need nothing more from the install phase.
 
+The bake is this tree's shared golden image (tests/goldenlab.py): baked once per tree by whichever
+lab module asks first (test_fleet_lab boots its hosts from it too),
+its output and the builder's identity recorded with it, so every assertion here reads that bake.
+
 Needs root, systemd-nspawn (the lab) and the packer binary; CI installs them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,16 +27,14 @@ import pytest
 import testinfra
 import yaml
 
+import goldenlab
 import labtools
-import torchdouble
 from gpuforge import node_manifest, versions
 from gpuforge.ami import manifest as packer_manifest
 from gpuforge.lab import images as lab_images
 from labtools import LAB_MARKS, REPO, gpuforge, lab, on, playbook, recap
 
-BUILDER_LAB = labtools.lab_name("bake")
 GOLDEN_LAB = labtools.lab_name("golden")
-IMAGE = f"pytest-bake-{os.getpid()}"
 
 pytestmark = [
     *LAB_MARKS,
@@ -45,67 +46,38 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def builder() -> Iterator[dict[str, Any]]:
-    # With the emulated EC2, the lab also serves its vendor-download fixtures (EFA, PyTorch).
-    with lab(BUILDER_LAB, 1) as info:
-        yield info
+def baked() -> dict[str, Any]:
+    """This tree's golden lab image and the record of its bake (tests/goldenlab.py).
+
+    The bake is shared: whichever lab module asks first prepares the fixtures on a builder lab,
+    remembers the builder's identity, bakes it and keeps it as the image; the others wait for it.
+    The builder lab is gone by now; its artifact fixtures (the keys and hashes the image was
+    installed with) are kept with the record, for the runs below on hosts booted from the image.
+    """
+    return goldenlab.shared_golden_image()
 
 
 @pytest.fixture(scope="module")
-def baked(builder: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Prepare the fixtures, remember the builder's identity, bake it and keep it as IMAGE."""
-    tmp = tmp_path_factory.mktemp("bake")
-    host = builder["hosts"][0]["name"]
-    prepare = playbook(builder["env"], "tests/fixtures/nvidia/prepare.yml", timeout=900)
-    assert prepare.returncode == 0, prepare.stdout[-3000:]
-    identity = on(BUILDER_LAB, host, "cat /etc/machine-id /etc/ssh/ssh_host_ed25519_key.pub").split()
-    # No assertion here reads torch: the pytorch role installs the kilobyte TEST DOUBLE of its wheel.
-    lab_vars = torchdouble.bake_vars(builder["env"]["GPUFORGE_LAB_ARTIFACTS"], tmp)
-    result = gpuforge(
-        "bake",
-        "--local",
-        "--lab",
-        BUILDER_LAB,
-        "--work-dir",
-        str(tmp),
-        "--extra-vars",
-        str(lab_vars),
-        "--save-image",
-        IMAGE,
-        env={"GPUFORGE_LAB_ARTIFACTS": builder["env"]["GPUFORGE_LAB_ARTIFACTS"]},
-        without_aws=True,
-    )
-    try:
-        assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
-        yield {
-            "result": result,
-            "run_dir": Path(result.stdout.strip().splitlines()[-1]),
-            "machine_id": identity[0],
-            "host_key": identity[2],
-            "lab_vars": lab_vars,
-        }
-    finally:
-        gpuforge("lab", "image", "rm", IMAGE)
+def builder(baked: dict[str, Any]) -> dict[str, Any]:
+    """What the runs below took from the builder lab's environment: its artifact fixtures."""
+    return {"env": {"GPUFORGE_LAB_ARTIFACTS": baked["artifacts"]}}
 
 
-def test_local_bake_runs_both_provisioners_and_keeps_the_image(
-    builder: dict[str, Any], baked: dict[str, Any]
-) -> None:
-    result = baked["result"]
+def test_local_bake_runs_both_provisioners_and_keeps_the_image(baked: dict[str, Any]) -> None:
     # Progress was streamed while packer ran, from both provisioners.
-    assert "PLAY RECAP" in result.stderr and "sanitize: cleaned" in result.stderr
+    assert "PLAY RECAP" in baked["stderr"] and "sanitize: cleaned" in baked["stderr"]
     digest = versions.load().digest
     (artifact,) = packer_manifest.last_run(baked["run_dir"] / "manifest.json")
     assert (artifact.name, artifact.builder_type, artifact.images) == ("lab", "null", {})
     assert artifact.custom_data["versions_hash"] == digest
 
     listed = json.loads(gpuforge("lab", "image", "list", "--json").stdout)
-    (info,) = [i for i in listed if i["name"] == IMAGE]
-    assert (info["source_lab"], info["source_host"]) == (BUILDER_LAB, builder["hosts"][0]["name"])
+    (info,) = [i for i in listed if i["name"] == baked["image"]]
+    assert (info["source_lab"], info["source_host"]) == (baked["builder_lab"], baked["builder_host"])
     assert info["versions_hash"] == digest and info["sanitized"] is True
-    # The builder is spent, as Packer's is: saving the image stopped it.
-    status = json.loads(gpuforge("lab", "status", "--name", BUILDER_LAB, "--json").stdout)
-    assert status["hosts"][0]["running"] is False
+    # The builder is spent, as Packer's is: saving the image stopped it (its status then, recorded).
+    status = baked["builder_status"]
+    assert status["name"] == baked["builder_lab"] and status["hosts"][0]["running"] is False
 
 
 # The image, checked by testinfra through chroot: what sanitize.sh and the bake promise.
@@ -113,7 +85,7 @@ def test_local_bake_runs_both_provisioners_and_keeps_the_image(
 
 @pytest.fixture(scope="module")
 def image(baked: dict[str, Any]) -> Any:
-    return testinfra.get_host(str(lab_images.rootfs(IMAGE)), connection="chroot")
+    return testinfra.get_host(str(lab_images.rootfs(baked["image"])), connection="chroot")
 
 
 @pytest.mark.parametrize(
@@ -190,7 +162,7 @@ def test_image_carries_slurm_with_its_daemons_off(image: Any) -> None:
 
 @pytest.fixture(scope="module")
 def golden(baked: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    with lab(GOLDEN_LAB, 1, ec2=False, image=IMAGE) as info:
+    with lab(GOLDEN_LAB, 1, ec2=False, image=baked["image"]) as info:
         yield info
 
 

@@ -2,7 +2,14 @@
 
 Three lab hosts (head + 2 compute, systemd-nspawn, real systemd and sshd) found through the real
 aws_ec2 inventory against moto (the test double for EC2 and SSM). Needs root and systemd-nspawn;
-takes several minutes (Debian's slurm-wlm is installed through the lab's package proxy).
+takes several minutes.
+
+The hosts boot from this tree's golden lab image (tests/goldenlab.py: baked once per tree and shared
+with test_ami_local_bake), as a fleet's nodes boot from the baked AMI:
+munge and the Slurm daemons are already installed, so fleet.yml only finds them there and configures.
+Its installing them on a bare host (the slurm role's install.yml, a configure-phase run with no
+install phase before it) is covered by molecule/slurm, whose hosts are bare; the whole install
+phase on bare hosts by molecule/stack, test_twins and the bake itself.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 
 import pytest
 
+import goldenlab
 import labtools
 from gpuforge.lab import core as lab_core
 from gpuforge.lab.host import ssh_options
@@ -46,7 +54,7 @@ def job(head: str, job_id: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, Any]]:
     """The lab, its environment, and the cluster brought up by the fleet roles."""
-    info = lab_up(LAB, 3)
+    info = lab_up(LAB, 3, image=goldenlab.shared_golden_image()["image"])
     env = lab_core.env_exports(LAB)
     # The munge key lives in SSM Parameter Store (moto here), where the slurm role reads it.
     key = labtools.put_munge_key(env)
@@ -284,7 +292,7 @@ def test_a_head_node_alone_runs_slurmctld_and_queues_jobs() -> None:
     Slurm refuses to start without a node and a partition; the role then defines a FUTURE placeholder.
     """
     name = labtools.lab_name("solo")
-    with labtools.lab(name, 1) as info:
+    with labtools.lab(name, 1, image=goldenlab.shared_golden_image()["image"]) as info:
         head = info["hosts"][0]["name"]
         first = playbook(info["env"], SITE)
         assert first.returncode == 0, first.stdout[-4000:]

@@ -91,8 +91,7 @@ def _run_with_table(work: Path, cases: dict[str, list[dict[str, Any]]], **extra:
     return run_cases(work, cases, {"gpuforge_common_imds_enabled": False, **extra, **table})
 
 
-@pytest.fixture(scope="module")
-def role_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def _range_cases() -> dict[str, list[dict[str, Any]]]:
     cases: dict[str, list[dict[str, Any]]] = {}
     for case, (plugin, nccl, *_) in CASES.items():
         cases[case] = [
@@ -103,9 +102,14 @@ def role_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 },
                 "vars": {"gpuforge_common_ofi_nccl_release": plugin, "gpuforge_common_ofi_nccl_nccl": nccl},
             },
-            record(case, "{{ gpuforge_ofi_nccl_range }}"),
+            record(f"range:{case}", "{{ gpuforge_ofi_nccl_range }}"),
         ]
-    return _run_with_table(tmp_path_factory.mktemp("ofi-nccl-range"), cases)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def role_results(plays: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return plays["range"]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -135,9 +139,7 @@ IN_USE_CASES: dict[str, tuple[str, str, dict[str, str] | None, str]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def in_use(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("ofi-nccl-in-use")
+def _in_use_cases(root: Path) -> dict[str, list[dict[str, Any]]]:
     cases: dict[str, list[dict[str, Any]]] = {}
     for case, (explicit, this_play, recorded, _) in IN_USE_CASES.items():
         record_file = root / case / "aws_ofi_nccl.json"
@@ -156,13 +158,14 @@ def in_use(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     "_nccl_installed": "2.30.7",
                 },
             },
-            record(case, "{{ gpuforge_ofi_nccl_range.plugin }}"),
+            record(f"in_use:{case}", "{{ gpuforge_ofi_nccl_range.plugin }}"),
         ]
-    return _run_with_table(
-        tmp_path_factory.mktemp("ofi-nccl-in-use-play"),
-        cases,
-        gpuforge_versions={"aws_ofi_nccl": {"version": PIN}},
-    )
+    return cases
+
+
+@pytest.fixture(scope="module")
+def in_use(plays: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return plays["in_use"]
 
 
 @pytest.mark.parametrize("case", list(IN_USE_CASES))
@@ -183,8 +186,7 @@ PAIR_CASES: dict[str, tuple[str, str, str]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def _pair_cases() -> dict[str, list[dict[str, Any]]]:
     cases: dict[str, list[dict[str, Any]]] = {}
     for case, (plugin, action, version) in PAIR_CASES.items():
         cases[case] = [
@@ -195,9 +197,36 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 }
             },
             {"ansible.builtin.include_tasks": str(REPO / "roles/nccl/tasks/pair_check.yml")},
-            record(case, "passed"),
+            record(f"pairs:{case}", "passed"),
         ]
-    return _run_with_table(tmp_path_factory.mktemp("ofi-nccl-pairs"), cases)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def pairs(plays: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return plays["pairs"]
+
+
+@pytest.fixture(scope="module")
+def plays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The three tables' cases in one play (one ansible-playbook run instead of three).
+
+    Each case sets the play state it reads (gpuforge_ofi_nccl_range, gpuforge_reality) first, and the
+    in-use cases, the only ones that read the pin (gpuforge_versions) or register anything, run last,
+    as they did in a play of their own.
+    """
+    root = tmp_path_factory.mktemp("ofi-nccl")
+    tables = {"range": _range_cases(), "pairs": _pair_cases(), "in_use": _in_use_cases(root)}
+    cases = {
+        f"{table}:{case}": tasks
+        for table, table_cases in tables.items()
+        for case, tasks in table_cases.items()
+    }
+    results = _run_with_table(root, cases, gpuforge_versions={"aws_ofi_nccl": {"version": PIN}})
+    return {
+        table: {case: results[f"{table}:{case}"] for case in table_cases}
+        for table, table_cases in tables.items()
+    }
 
 
 @pytest.mark.parametrize("case", list(PAIR_CASES))

@@ -67,20 +67,42 @@ ESTIMATES: dict[str, float] = {
 UNKNOWN_ESTIMATE = 300.0
 
 # The `unit` group is CPU-bound (control-host plays, CLI subprocesses, moto), so it is split into
-# shards that run side by side; these relative weights (seconds per module under load, from
-# `--durations`) balance them. A module not listed weighs DEFAULT_MODULE_WEIGHT.
+# shards that run side by side; these relative weights (seconds per module, from `--durations=0`
+# summed per module: the three shards run one after the other at load 7-10 on the 2-core machine,
+# halved to about CI's load) balance them. A module not listed weighs DEFAULT_MODULE_WEIGHT.
+# Measured after gpuforge.aws shared its botocore loader; the weights before (unit-1 327 s, unit-2
+# 523 s, unit-3 137 s in the idle clean-clone run of c7154e9) overrated the role-case plays.
 MODULE_WEIGHTS: dict[str, float] = {
-    # Its role-case plays run under mitogen since 2f201a5 (its whole shard took 125 s in CI).
-    "test_aws_ofi_nccl_plan": 60,
-    "test_ami_bake": 180,
-    "test_ami_prune": 125,
-    "test_stack_roles_validate": 100,
-    "test_no_secret_output": 100,
-    "test_bad_input": 90,
-    "test_ami_publish": 75,
-    "test_preflight": 60,
+    # 23 tests x 4 one-second sleeps (EC2 creation dates): mostly waiting.
+    "test_ami_prune": 112,
+    "test_ami_bake": 82,
+    "test_bad_input": 70,
+    "test_inventory": 48,
+    "test_ami_publish": 29,
+    "test_ofi_nccl_range": 23,
+    "test_targets": 19,
+    "test_rolling_share": 18,
+    "test_dcgm_exporter_digest": 18,
+    "test_no_secret_output": 15,
+    "test_reliability_throttling": 14,
+    "test_packer_templates": 13,
+    "test_managed_files": 13,
+    "test_preflight": 12,
+    "test_iam_policy": 12,
+    "test_wheel": 12,
+    "test_observability": 12,
+    "test_fleet_health": 12,
+    "test_stack_roles_validate": 10,
+    # Its role-case plays run under mitogen since 2f201a5.
+    "test_aws_ofi_nccl_plan": 9,
+    "test_fleet_tuning": 8,
+    "test_cli_errors": 8,
+    "test_node_manifest": 7,
+    "test_packer_security": 7,
+    "test_twin_records": 6,
+    "test_pcluster_cli": 5,
 }
-DEFAULT_MODULE_WEIGHT = 20.0
+DEFAULT_MODULE_WEIGHT = 3.0
 
 
 @dataclass
