@@ -4,7 +4,7 @@ checksum each stop the run early with a clear message and leave the host as it w
 The five cases run in ONE ansible-playbook run on the compute host (built by _failure_play): each
 case includes its role with the bad input inside block/rescue, the rescue records the task that
 failed and its message, and the host's state is read right after the case. Each test then
-asserts on its own case. Five ansible-playbook runs did this before (285 tasks, five fact
+asserts on its own case. Five ansible-playbook runs did this before (264 task runs, five fact
 gatherings); the one play runs 178. The roles' dependencies (gpuforge_common, nvidia_driver) run
 once, in the toolkit case: Ansible runs a dependency once per play, so the dcgm case starts at
 dcgm's own tasks. What they do on a converged host converge, idempotence and check proved.
