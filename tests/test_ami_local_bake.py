@@ -7,7 +7,7 @@ baked host is kept as a lab image (the lab's AMI). testinfra inspects that image
 identity of its own and need nothing more from the install phase.
 
 The bake is this tree's shared golden image (tests/goldenlab.py): baked once per tree by whichever
-lab module asks first (test_fleet_lab boots its hosts from it too),
+lab module asks first (test_fleet_lab and test_partial_failure_lab boot their hosts from it too),
 its output and the builder's identity recorded with it, so every assertion here reads that bake.
 
 Needs root, systemd-nspawn (the lab) and the packer binary; CI installs them.

@@ -5,7 +5,7 @@ aws_ec2 inventory against moto (the test double for EC2 and SSM). Needs root and
 takes several minutes.
 
 The hosts boot from this tree's golden lab image (tests/goldenlab.py: baked once per tree and shared
-with test_ami_local_bake), as a fleet's nodes boot from the baked AMI:
+with test_ami_local_bake and test_partial_failure_lab), as a fleet's nodes boot from the baked AMI:
 munge and the Slurm daemons are already installed, so fleet.yml only finds them there and configures.
 Its installing them on a bare host (the slurm role's install.yml, a configure-phase run with no
 install phase before it) is covered by molecule/slurm, whose hosts are bare; the whole install

@@ -6,6 +6,10 @@ reaches the slurm role, the SSH daemon of one compute host is stopped and its se
 (gpuforge.bench.labrun.stop_sshd): the host keeps running, only SSH is refused, as when a node's
 sshd dies. The other three must finish configure with failed=0 and a working Slurm; the run names
 the host it left out; after sshd returns a rerun converges, and the run after it changes nothing.
+
+The hosts boot from this tree's golden lab image (tests/goldenlab.py, shared with test_ami_local_bake
+and test_fleet_lab), as a fleet's nodes boot from the baked AMI: the runs configure, they do not
+install munge and Slurm first (molecule/slurm covers that on bare hosts).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import goldenlab
 import labtools
 from gpuforge.bench import labrun
 from gpuforge.lab import core as lab_core
@@ -36,7 +41,7 @@ def on(host: str, command: str) -> str:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    info = lab_up(LAB, 4)
+    info = lab_up(LAB, 4, image=goldenlab.shared_golden_image()["image"])
     env = {
         **lab_core.env_exports(LAB),
         # A fact cache of this run's own: what a node keeps when it cannot be reached is what
