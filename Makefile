@@ -23,7 +23,7 @@ APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg 
 
 PY_SOURCES := scripts tests molecule bench plugins
 
-.PHONY: help setup demo test lint pytest molecule lab-down clean
+.PHONY: help setup lab-rootfs demo test lint pytest molecule lab-down clean
 
 help:
 	@echo "make demo   - set up, start the local lab ($(DEMO_NODES) hosts + emulated EC2) and run site.yml on it"
@@ -50,10 +50,18 @@ $(STAMPS)/apt:
 $(STAMPS)/venv: pyproject.toml requirements/constraints.txt
 	@mkdir -p $(STAMPS)
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q -c requirements/constraints.txt -e '.[dev]'
+	# --no-compile: byte-compiling every installed file (the ansible package alone bundles thousands
+	# of collection modules) doubled the install's time; Python compiles what is imported, once.
+	$(VENV)/bin/pip install -q --no-compile -c requirements/constraints.txt -e '.[dev]'
 	touch $@
 
-demo: setup
+# The Debian tree every lab host boots from (cached under GPUFORGE_CACHE_DIR, built once per
+# recipe; `gpuforge lab up` builds it otherwise). Standard library only, so `make -j2 setup lab-rootfs`
+# builds it while pip installs the virtualenv.
+lab-rootfs: $(STAMPS)/apt
+	PYTHONPATH=scripts python3 -m gpuforge.lab.rootfs
+
+demo: setup lab-rootfs
 	gpuforge lab down --name $(DEMO_LAB)
 	gpuforge lab up --name $(DEMO_LAB) --nodes $(DEMO_NODES) --moto-port $(DEMO_MOTO_PORT)
 	# The lab cannot reach NVIDIA's repositories: tests/fixtures/nvidia/prepare.yml builds signed

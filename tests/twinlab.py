@@ -32,7 +32,6 @@ import yaml
 from gpuforge.artifacts import fixtures as artifact_fixtures
 from gpuforge.lab import images as lab_images
 from gpuforge.lab import rootfs as lab_rootfs
-from gpuforge.lab import state as lab_state
 
 RECORDS = Path(__file__).resolve().parent / "twins"
 MARKER = "GPUFORGE-TWIN"  # in every file a twin adds, so no one mistakes it for the real thing
@@ -348,12 +347,8 @@ def _build_locked(twin: Twin, root: Path) -> str:
         # digest (an overlay's lower layer). Only an image no host mounts is removed.
         if not _mounted(stale):
             shutil.rmtree(stale)
-    # The same lock `gpuforge lab up` takes around building the Debian tree.
-    lab_dir = lab_state.lab_root()
-    lab_dir.mkdir(parents=True, exist_ok=True)
-    with (lab_dir / ".rootfs.lock").open("w") as rootfs_lock:
-        fcntl.flock(rootfs_lock, fcntl.LOCK_EX)
-        base = lab_rootfs.ensure_rootfs()
+    # Under the same lock `gpuforge lab up` and `make lab-rootfs` take around building the Debian tree.
+    base = lab_rootfs.ensure_rootfs()
     partial = root / f".{twin.image}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)

@@ -325,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"== machine at start: {machine_state()}", flush=True)
     done: list[Phase] = []
     if not args.skip_setup:
-        setup = Phase("setup", ["make", "--no-print-directory", "setup"])
+        # The lab's Debian tree builds beside pip (each keeps one CPU busy), not in the first lab phase.
+        setup = Phase("setup", ["make", "--no-print-directory", "-j2", "setup", "lab-rootfs"])
         run_concurrently([setup], jobs=1, timeout=args.timeout)
         done.append(setup)
     if all(p.ok for p in done):

@@ -111,8 +111,8 @@ def up(spec: LabSpec) -> LabState:
                 "stop what holds it or pass --moto-port PORT"
             )
         system.raise_kernel_limits()
-        with _locked("rootfs"):
-            lower = images.rootfs(spec.image) if spec.image else rootfs.ensure_rootfs()
+        with rootfs.locked():
+            lower = images.rootfs(spec.image) if spec.image else rootfs.ensure_rootfs_unlocked()
         # Labs come up in parallel (Molecule scenarios, benchmarks); only picking a free subnet
         # and recording it must not interleave.
         with _locked():

@@ -6,13 +6,16 @@ costs a mount and a boot (about a second), not a debootstrap (about a minute).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpuforge.lab import system
-from gpuforge.lab.state import cache_root
+from gpuforge.lab.state import cache_root, lab_root
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +67,24 @@ def rootfs_path() -> Path:
     return cache_root() / "rootfs" / f"{SUITE}-{recipe_key()}"
 
 
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """The lock every builder and reader of the cached trees takes (labs, prebuilds, image saves)."""
+    root = lab_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".rootfs.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_rootfs() -> Path:
     """Return the cached tree, building it first if this recipe was never built here."""
+    with locked():
+        return ensure_rootfs_unlocked()
+
+
+def ensure_rootfs_unlocked() -> Path:
+    """ensure_rootfs for a caller that already holds locked()."""
     final = rootfs_path()
     if (final / ".gpuforge-complete").exists():
         return final
@@ -113,3 +132,10 @@ def _customise(root: Path) -> None:
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
     system.run(["chroot", str(root), "apt-get", "clean"])
+
+
+if __name__ == "__main__":
+    # `make lab-rootfs`: build the tree ahead of the first lab (CI builds it while pip installs
+    # the virtualenv). The standard library only, so it runs before the virtualenv exists.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(ensure_rootfs())
