@@ -29,7 +29,6 @@ from typing import Any
 
 import labtools
 import torchdouble
-import twinlab
 from gpuforge.lab import images as lab_images
 from gpuforge.lab import rootfs as lab_rootfs
 
@@ -128,7 +127,7 @@ def _remove_stale(image: str) -> None:
     """Images of other trees (and this one's failed bake) no lab host mounts any more."""
     for path in lab_images.images_root().glob(f"{PREFIX}*"):
         old = time.time() - path.stat().st_mtime > STALE_S
-        if path.name == image or (old and not twinlab._mounted(path)):
+        if path.name == image or (old and not lab_images.in_use(path)):
             shutil.rmtree(path)
             shutil.rmtree(record_dir(path.name), ignore_errors=True)
     shutil.rmtree(record_dir(image), ignore_errors=True)

@@ -345,7 +345,7 @@ def _build_locked(twin: Twin, root: Path) -> str:
     for stale in root.glob(f"twin-{name}-*"):
         # The image cache is machine-wide: another checkout's lab may still boot from an older
         # digest (an overlay's lower layer). Only an image no host mounts is removed.
-        if not _mounted(stale):
+        if not lab_images.in_use(stale):
             shutil.rmtree(stale)
     # Under the same lock `gpuforge lab up` and `make lab-rootfs` take around building the Debian tree.
     base = lab_rootfs.ensure_rootfs()
@@ -373,15 +373,6 @@ def _build_locked(twin: Twin, root: Path) -> str:
     (partial / lab_images.METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
     partial.rename(final)
     return twin.image
-
-
-def _mounted(image: Path) -> bool:
-    """Whether a mounted filesystem (a lab host's overlay) uses `image`'s tree."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text()
-    except OSError:
-        return True  # cannot tell: keep it
-    return f"{image}/" in mounts
 
 
 def at_least(version: str, floor: str) -> bool:

@@ -120,6 +120,15 @@ def remove(name: str) -> None:
     shutil.rmtree(directory)
 
 
+def in_use(image: Path) -> bool:
+    """Whether a mounted filesystem (a lab host's overlay) uses the image directory's tree."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text()
+    except OSError:
+        return True  # cannot tell: keep it
+    return f"{image}/" in mounts
+
+
 def is_sanitized(tree: Path) -> bool:
     """What packer/scripts/sanitize.sh guarantees, read back from a tree."""
     machine_id = tree / "etc/machine-id"
