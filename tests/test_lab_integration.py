@@ -121,6 +121,38 @@ def test_busy_moto_port_is_refused(lab: dict[str, object]) -> None:
     assert state.load("itest2") is None
 
 
+def test_each_host_runs_systemd_in_a_cgroup_tree_of_its_own(lab: dict[str, object]) -> None:
+    """Hosts sharing one cgroup tree broke each other's units (an intermittent boot without sshd).
+
+    Two hosts start and stop a unit of the same name at once: in one shared tree (the lab before
+    gpuforge.lab.cgroup) 293-296 of 300 starts failed on one of them ("Unit gfrace.service was
+    already loaded": the other host's process kept the cgroup populated).
+    """
+    hosts = lab["hosts"]
+    assert isinstance(hosts, list)
+    inits = {}
+    for node in hosts:
+        init = Path(f"/proc/{node['pid']}/task/{node['pid']}/children").read_text().split()[0]
+        inits[node["name"]] = Path(f"/proc/{init}/cgroup").read_text()
+        assert f"/{node['netns']}/payload/init.scope" in inits[node["name"]], inits[node["name"]]
+        assert node["cgroups"] and all(Path(d).is_dir() for d in node["cgroups"])
+    loop = (
+        "f=0; for n in $(seq 100); do sudo -n systemd-run --quiet --unit=gfrace --wait --collect true"
+        " >/dev/null 2>&1 || f=$((f+1)); done; echo $f"
+    )
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gpuforge.cli", "lab", "ssh", "--name", LAB, node["name"], "--", loop],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for node in hosts[:2]
+    ]
+    failed = [run.communicate(timeout=300)[0].strip() for run in runs]
+    assert failed == ["0", "0"], f"failed starts of 100 per host: {failed}"
+
+
 def test_down_leaves_nothing_behind(lab: dict[str, object]) -> None:
     down = gpuforge("lab", "down", "--name", LAB)
     assert down.returncode == 0, down.stderr
@@ -135,6 +167,8 @@ def test_down_leaves_nothing_behind(lab: dict[str, object]) -> None:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split()[2] == "Z", f"pid {pid} still running"
     assert gpuforge("lab", "status", "--name", LAB).returncode == 2
+    leftover = [d for h in lab["hosts"] for d in h["cgroups"] if Path(d).exists()]
+    assert leftover == [], "host cgroups left behind"
 
 
 def test_down_also_ends_a_host_whose_nspawn_was_killed() -> None:

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from gpuforge.errors import ExternalError
-from gpuforge.lab import system
+from gpuforge.lab import cgroup, system
 from gpuforge.lab.rootfs import SSH_USER
 from gpuforge.lab.state import HostState, LabState
 
@@ -121,22 +121,27 @@ def trust_local_cas(root: Path) -> None:
 def boot(lab: LabState, host: HostState, root: Path) -> int:
     log_path = lab.directory / "logs" / f"{host.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # A cgroup of its own, so this host's systemd never shares its tree with another host's.
+    cgroup.remove([Path(d) for d in host.cgroups])  # what a killed earlier boot left
+    dirs = cgroup.create(host.netns)
+    host.cgroups = [str(d) for d in dirs]
+    nspawn = [
+        "systemd-nspawn",
+        "--boot",
+        f"--directory={root}",
+        f"--machine={host.netns}",
+        f"--hostname={host.name}",
+        f"--network-namespace-path=/run/netns/{host.netns}",
+        "--register=no",
+        "--keep-unit",
+        "--console=passive",
+        "--resolv-conf=off",
+        "--timezone=off",
+        "--link-journal=no",
+    ]
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
-            [
-                "systemd-nspawn",
-                "--boot",
-                f"--directory={root}",
-                f"--machine={host.netns}",
-                f"--hostname={host.name}",
-                f"--network-namespace-path=/run/netns/{host.netns}",
-                "--register=no",
-                "--keep-unit",
-                "--console=passive",
-                "--resolv-conf=off",
-                "--timezone=off",
-                "--link-journal=no",
-            ],
+            cgroup.enter_command(dirs, nspawn),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -169,28 +174,77 @@ def ssh_command(lab: LabState, host: HostState, *remote: str, connect_timeout: i
 
 
 def ssh_ok(lab: LabState, host: HostState) -> bool:
-    result = subprocess.run(ssh_command(lab, host, "true"), capture_output=True, check=False, timeout=15)
-    return result.returncode == 0
+    return _ssh_try(lab, host) == ""
+
+
+def _ssh_try(lab: LabState, host: HostState) -> str:
+    """'' when `ssh host true` works, else what ssh said (or why it did not answer)."""
+    try:
+        result = subprocess.run(
+            ssh_command(lab, host, "true"), capture_output=True, text=True, check=False, timeout=15
+        )
+    except subprocess.TimeoutExpired:
+        return "ssh did not return within 15s"
+    if result.returncode == 0:
+        return ""
+    return result.stderr.strip() or f"ssh exited {result.returncode}"
+
+
+def _log_tail(lab: LabState, host: HostState, lines: int = 8) -> list[str]:
+    log_path = lab.directory / "logs" / f"{host.name}.log"
+    return log_path.read_text(errors="replace").strip().splitlines()[-lines:] if log_path.exists() else []
+
+
+# What a host that booted but never let us in was doing, read from inside its namespaces.
+_DIAGNOSE = (
+    "systemctl is-system-running; systemctl list-jobs --no-pager --no-legend | head -n 12; "
+    "systemctl --failed --no-pager --no-legend; systemctl status --no-pager -n 5 ssh.service; "
+    "ls -l /run/nologin /etc/nologin 2>&1; ip -brief address"
+)
+
+
+def diagnose(host: HostState) -> str:
+    """The container's own view of why it may not accept SSH ('' when it cannot be entered)."""
+    try:
+        children = Path(f"/proc/{host.pid}/task/{host.pid}/children").read_text().split()
+    except OSError:
+        return ""
+    if not children:
+        return ""
+    nsenter = ["nsenter", "--target", children[0], "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
+    try:
+        result = subprocess.run(
+            [*nsenter, "sh", "-c", _DIAGNOSE], capture_output=True, text=True, check=False, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        return "(the diagnosis inside the host did not finish within 30s)"
+    return (result.stdout + result.stderr).strip()
 
 
 def wait_ssh(lab: LabState, host: HostState, timeout: float = 240.0) -> None:
     # A boot takes seconds on an idle machine; the generous limit is for a loaded CI runner.
     deadline = time.monotonic() + timeout
+    said = "no SSH attempt made"
     while time.monotonic() < deadline:
         proc = _BOOTED.get(host.pid or 0)
         # For a boot of this process, its own handle is the authority; /proc is for the others.
         exited = proc.poll() is not None if proc is not None else not system.pid_alive(host.pid, host.netns)
         if exited:
-            log_path = lab.directory / "logs" / f"{host.name}.log"
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-8:] if log_path.exists() else []
             status = f" (systemd-nspawn exit status {proc.returncode})" if proc is not None else ""
             raise ExternalError(
-                f"host {host.name} stopped while booting{status}: " + (" | ".join(tail) or "no output")
+                f"host {host.name} stopped while booting{status}: "
+                + (" | ".join(_log_tail(lab, host)) or "no output")
             )
-        if ssh_ok(lab, host):
+        said = _ssh_try(lab, host)
+        if not said:
             return
         time.sleep(0.3)
-    raise ExternalError(f"host {host.name} ({host.ip}) did not accept SSH within {timeout:.0f}s")
+    # The lab is torn down after this error, so everything needed to explain it goes into it.
+    raise ExternalError(
+        f"host {host.name} ({host.ip}) did not accept SSH within {timeout:.0f}s; last ssh said: {said}\n"
+        f"its console (last lines): " + " | ".join(_log_tail(lab, host, 15)) + "\n"
+        f"inside it:\n{diagnose(host) or '(could not enter it)'}"
+    )
 
 
 def stop(lab: LabState, host: HostState) -> None:
@@ -200,6 +254,7 @@ def stop(lab: LabState, host: HostState) -> None:
     # still runs in this host's network namespace.
     if host.netns:
         system.kill_in_netns(host.netns)
+    cgroup.remove([Path(d) for d in host.cgroups])
     if system.is_mounted(merged):
         result = system.run(["umount", str(merged)], check=False)
         if result.returncode != 0:

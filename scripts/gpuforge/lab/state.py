@@ -43,6 +43,8 @@ class HostState:
     veth: str = ""
     pid: int | None = None
     instance_id: str | None = None
+    # The host's own cgroup directories (gpuforge.lab.cgroup), removed when it stops.
+    cgroups: list[str] = field(default_factory=list)
 
 
 @dataclass
