@@ -195,3 +195,4 @@ def test_down_also_ends_a_host_whose_nspawn_was_killed() -> None:
     down = gpuforge("lab", "down", "--name", name)
     assert down.returncode == 0, down.stderr
     assert inside() == []
+    assert [d for d in node["cgroups"] if Path(d).exists()] == [], "the killed host's cgroups were left"

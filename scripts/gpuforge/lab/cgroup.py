@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import time
 from pathlib import Path
 
 from gpuforge.errors import ExternalError
@@ -70,13 +71,19 @@ def enter_command(dirs: list[Path], argv: list[str]) -> list[str]:
     return ["sh", "-c", f'{moves}exec "$@"', "sh", *argv]
 
 
-def remove(dirs: list[Path]) -> None:
-    """Remove a host's cgroups, deepest first, once its processes are gone (busy ones stay)."""
+def remove(dirs: list[Path], wait: float = 10.0) -> None:
+    """Remove a host's cgroups, deepest first, once its processes are gone.
+
+    Processes just sent SIGKILL (lab down of a host whose nspawn was killed) leave their cgroup a
+    moment later, so a busy cgroup is retried for up to `wait` seconds; one still busy then stays
+    for the next boot of the host to clear.
+    """
+    deadline = time.monotonic() + wait
     for top in dirs:
-        if not top.is_dir():
-            continue
-        # Deepest first; one that still has processes (a host that did not stop) stays for the
-        # next boot's cleanup.
-        for directory in sorted((Path(d) for d, _, _ in os.walk(top)), key=lambda d: -len(d.parts)):
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+        while top.is_dir():
+            for directory in sorted((Path(d) for d, _, _ in os.walk(top)), key=lambda d: -len(d.parts)):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            if not top.is_dir() or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)

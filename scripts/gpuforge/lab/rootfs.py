@@ -56,10 +56,27 @@ UseDNS no
 """
 # Timers that would take the apt lock at random moments and make runs flaky.
 _MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer")
+# systemd generators with nothing to do in a container (disk partitions, encrypted, verity and
+# integrity volumes, hibernation, offline updates, the kernel command line, rc.local), disabled
+# as systemd.generator(7) allows. Every boot and every `systemctl daemon-reload` runs them all:
+# in a sampled CI run the generators were 4.5 % of all CPU demand.
+_MASKED_GENERATORS = (
+    "systemd-cryptsetup-generator",
+    "systemd-debug-generator",
+    "systemd-gpt-auto-generator",
+    "systemd-hibernate-resume-generator",
+    "systemd-integritysetup-generator",
+    "systemd-rc-local-generator",
+    "systemd-run-generator",
+    "systemd-system-update-generator",
+    "systemd-veritysetup-generator",
+)
 
 
 def recipe_key() -> str:
-    text = "|".join([SUITE, MIRROR, *PACKAGES, SOURCES, SSHD_CONFIG, *_MASKED_UNITS, _RECIPE_VERSION])
+    text = "|".join(
+        [SUITE, MIRROR, *PACKAGES, SOURCES, SSHD_CONFIG, *_MASKED_UNITS, *_MASKED_GENERATORS, _RECIPE_VERSION]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -127,8 +144,10 @@ def _customise(root: Path) -> None:
     sudoers = root / "etc/sudoers.d/90-gpuforge-lab"
     sudoers.write_text(f"{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n")
     sudoers.chmod(0o440)
-    for unit in _MASKED_UNITS:
-        link = root / "etc/systemd/system" / unit
+    for link in [root / "etc/systemd/system" / unit for unit in _MASKED_UNITS] + [
+        root / "etc/systemd/system-generators" / generator for generator in _MASKED_GENERATORS
+    ]:
+        link.parent.mkdir(parents=True, exist_ok=True)
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
     system.run(["chroot", str(root), "apt-get", "clean"])
