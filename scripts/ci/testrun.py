@@ -41,28 +41,27 @@ _OWN_LAB = re.compile(r"^\s*[A-Za-z_]\w*\s*=\s*(?:labtools\.)?lab_name\(", re.MU
 # A module that takes the session-wide fixture shares conftest's lab with the others.
 _SHARED_LAB = re.compile(r"\bfleet_lab\s*[:,)]")
 
-# Seconds each phase took in the last clean-clone CI run (docs/performance.md: 2 CPUs, 4 phases at
-# once, idle machine, empty lab cache, commit 00be11e), used only to start the longest phases
-# first: a phase estimated too short starts late and runs alone at the end. A phase not listed is
-# assumed long, so it is started early rather than last. The unit shards use MODULE_WEIGHTS.
+# Seconds each phase took in an idle clean-clone CI run (docs/performance.md: 2 CPUs, 4 phases at
+# once, empty lab cache, commit 6421054), used only to start the longest phases first: a phase
+# estimated too short starts late and runs alone at the end. A phase not listed is assumed long,
+# so it is started early rather than last. The unit shards use MODULE_WEIGHTS.
 ESTIMATES: dict[str, float] = {
-    "lint": 147,
-    "pytest fleet_lab": 222,
-    # 353 s: with 191 s (the run before Slurm was baked into the image) it started last and ran
-    # alone for the final three minutes.
-    "pytest test_ami_local_bake": 353,
-    "pytest test_fleet_lab": 948,
-    "pytest test_partial_failure_lab": 572,
-    "pytest test_reliability_lab": 168,
-    "pytest test_efa_verify": 101,
-    "pytest test_lab_integration": 70,
-    "pytest test_mitogen_strategy": 77,
-    "pytest test_readme": 45,
-    "pytest test_twins": 899,
-    "molecule default": 57,
-    "molecule nvidia": 836,
-    "molecule stack": 325,
-    "molecule slurm": 257,
+    "lint": 50,
+    "pytest fleet_lab": 171,
+    # It waits for the shared golden image (tests/goldenlab.py) that test_fleet_lab bakes.
+    "pytest test_ami_local_bake": 292,
+    "pytest test_fleet_lab": 851,
+    "pytest test_partial_failure_lab": 558,
+    "pytest test_reliability_lab": 101,
+    "pytest test_efa_verify": 86,
+    "pytest test_lab_integration": 51,
+    "pytest test_mitogen_strategy": 64,
+    "pytest test_readme": 22,
+    "pytest test_twins": 581,
+    "molecule default": 38,
+    "molecule nvidia": 353,
+    "molecule slurm": 207,
+    "molecule stack": 259,
 }
 UNKNOWN_ESTIMATE = 300.0
 
