@@ -21,21 +21,24 @@ from pathlib import Path
 
 from gpuforge.errors import ExternalError
 
+PROC_CGROUP = Path("/proc/self/cgroup")
+PROC_MOUNTS = Path("/proc/self/mounts")
 
-def _own_paths() -> dict[str, str]:
+
+def _own_paths(proc_cgroup: Path) -> dict[str, str]:
     """This process's cgroup path per hierarchy: '' for the unified one, 'name=systemd' for v1's."""
     paths: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+    for line in proc_cgroup.read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if controllers in ("", "name=systemd"):
             paths[controllers] = path
     return paths
 
 
-def _mounts() -> dict[str, Path]:
+def _mounts(proc_mounts: Path) -> dict[str, Path]:
     """Mount points of the unified hierarchy ('') and of v1's name=systemd one, where present."""
     found: dict[str, Path] = {}
-    for line in Path("/proc/self/mounts").read_text().splitlines():
+    for line in proc_mounts.read_text().splitlines():
         fields = line.split()
         if len(fields) < 4:
             continue
@@ -47,10 +50,12 @@ def _mounts() -> dict[str, Path]:
     return found
 
 
-def host_cgroups(name: str) -> list[Path]:
-    """The directories of host `name`'s cgroup, one per hierarchy systemd uses here."""
-    own = _own_paths()
-    return [mount / own[key].lstrip("/") / name for key, mount in _mounts().items() if key in own]
+def host_cgroups(name: str, proc_cgroup: Path | None = None, proc_mounts: Path | None = None) -> list[Path]:
+    """The directories of host `name`'s cgroup, one per hierarchy systemd uses here: a child of
+    this process's own cgroup in each (where nspawn --keep-unit made its supervisor/payload)."""
+    own = _own_paths(proc_cgroup or PROC_CGROUP)
+    mounts = _mounts(proc_mounts or PROC_MOUNTS)
+    return [mount / own[key].lstrip("/") / name for key, mount in mounts.items() if key in own]
 
 
 def create(name: str) -> list[Path]:
