@@ -232,11 +232,12 @@ def _in_host(name: str, host_name: str, *command: str) -> subprocess.CompletedPr
     _, node = _host_state(name, host_name)
     if not (node.pid and system.pid_alive(node.pid, node.netns)):
         raise UserError(f"host {host_name} is not running")
-    children = Path(f"/proc/{node.pid}/task/{node.pid}/children").read_text().split()
-    if not children:
+    init = host.init_pid(node)
+    if init is None:
         raise ExternalError(f"host {host_name}: systemd-nspawn (pid {node.pid}) has no container init")
-    nsenter = ["nsenter", "--target", children[0], "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
-    return subprocess.run([*nsenter, *command], capture_output=True, text=True, check=False, timeout=60)
+    return subprocess.run(
+        [*host.inside(init), *command], capture_output=True, text=True, check=False, timeout=60
+    )
 
 
 def stop_sshd(name: str, host_name: str) -> None:

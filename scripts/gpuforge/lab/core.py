@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
@@ -37,16 +36,6 @@ class LabSpec:
     queue: str = "gpu"
     moto_port: int | None = 5000  # None: no emulated EC2 (Molecule only needs hosts).
     image: str | None = None  # A lab image (`gpuforge lab image`) to boot from instead of the rootfs.
-
-
-@contextlib.contextmanager
-def _locked(name: str = ".labs") -> Iterator[None]:
-    """An exclusive lock: per lab for up/down, and one shared lock for allocating subnets."""
-    root = state.lab_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / f".{name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _plan_hosts(spec: LabSpec, prefix: str) -> list[HostState]:
@@ -93,7 +82,7 @@ def _alive(lab: LabState) -> bool:
 def up(spec: LabSpec) -> LabState:
     system.require_root_and_tools()
     _validate(spec)
-    with _locked(spec.name):
+    with state.locked(spec.name):
         existing = state.load(spec.name)
         if existing is not None:
             if _alive(existing):
@@ -115,7 +104,7 @@ def up(spec: LabSpec) -> LabState:
             lower = images.rootfs(spec.image) if spec.image else rootfs.ensure_rootfs_unlocked()
         # Labs come up in parallel (Molecule scenarios, benchmarks); only picking a free subnet
         # and recording it must not interleave.
-        with _locked():
+        with state.locked():
             index = state.allocate_index()
             prefix = f"10.213.{index}"
             directory = state.lab_root() / spec.name
@@ -256,7 +245,7 @@ def down(name: str) -> bool:
     """Remove every process, mount, namespace and file of the lab; False if there was none."""
     system.require_root_and_tools()
     state.validate_name(name)
-    with _locked(name):
+    with state.locked(name):
         lab = state.load(name)
         if lab is None:
             return False
@@ -287,7 +276,7 @@ def save_image(name: str, host_name: str, image: str) -> images.ImageInfo:
     system.require_root_and_tools()
     state.validate_name(name)
     images.validate_name(image)
-    with _locked(name):
+    with state.locked(name):
         lab = state.load(name)
         if lab is None:
             raise UserError(f"lab {name!r} is not up; start it with `gpuforge lab up --name {name}`")
@@ -295,7 +284,7 @@ def save_image(name: str, host_name: str, image: str) -> images.ImageInfo:
         if not matches:
             hosts = ", ".join(h.name for h in lab.hosts)
             raise UserError(f"no host {host_name!r} in lab {name!r}; hosts: {hosts}")
-        with _locked("images"):
+        with state.locked("images"):
             return images.capture(lab, matches[0], image, _lower(lab))
 
 
@@ -303,7 +292,7 @@ def remove_image(image: str) -> None:
     """Delete a lab image unless a lab that is up boots from it."""
     system.require_root_and_tools()
     images.validate_name(image)
-    with _locked("images"):
+    with state.locked("images"):
         users = [
             lab.name
             for lab in (state.load(path.parent.name) for path in state.lab_root().glob("*/state.json"))

@@ -208,18 +208,28 @@ _DIAGNOSE = (
 )
 
 
-def diagnose(host: HostState) -> str:
-    """The container's own view of why it may not accept SSH ('' when it cannot be entered)."""
+def init_pid(host: HostState) -> str | None:
+    """The pid of the host's own systemd (systemd-nspawn's child); None when it has none."""
     try:
         children = Path(f"/proc/{host.pid}/task/{host.pid}/children").read_text().split()
     except OSError:
+        return None
+    return children[0] if children else None
+
+
+def inside(init: str) -> list[str]:
+    """The command prefix that runs a command in the namespaces of the host whose init is `init`."""
+    return ["nsenter", "--target", init, "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
+
+
+def diagnose(host: HostState) -> str:
+    """The container's own view of why it may not accept SSH ('' when it cannot be entered)."""
+    init = init_pid(host)
+    if init is None:
         return ""
-    if not children:
-        return ""
-    nsenter = ["nsenter", "--target", children[0], "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
     try:
         result = subprocess.run(
-            [*nsenter, "sh", "-c", _DIAGNOSE], capture_output=True, text=True, check=False, timeout=30
+            [*inside(init), "sh", "-c", _DIAGNOSE], capture_output=True, text=True, check=False, timeout=30
         )
     except subprocess.TimeoutExpired:
         return "(the diagnosis inside the host did not finish within 30s)"

@@ -7,15 +7,13 @@ costs a mount and a boot (about a second), not a debootstrap (about a minute).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
-from gpuforge.lab import system
-from gpuforge.lab.state import cache_root, lab_root
+from gpuforge.lab import state, system
+from gpuforge.lab.state import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +82,9 @@ def rootfs_path() -> Path:
     return cache_root() / "rootfs" / f"{SUITE}-{recipe_key()}"
 
 
-@contextlib.contextmanager
-def locked() -> Iterator[None]:
+def locked() -> contextlib.AbstractContextManager[None]:
     """The lock every builder and reader of the cached trees takes (labs, prebuilds, image saves)."""
-    root = lab_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".rootfs.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    return state.locked("rootfs")
 
 
 def ensure_rootfs() -> Path:

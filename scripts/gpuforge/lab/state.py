@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,17 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,11}$")
 
 def lab_root() -> Path:
     return Path(os.environ.get("GPUFORGE_LAB_DIR", "/var/lib/gpuforge/lab"))
+
+
+@contextlib.contextmanager
+def locked(name: str = ".labs") -> Iterator[None]:
+    """An exclusive lock under the lab root: per lab for up/down, `.labs` for allocating subnets,
+    `images` for saving and removing images, `rootfs` for building and reading the Debian tree."""
+    root = lab_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def cache_root() -> Path:
