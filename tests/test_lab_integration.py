@@ -153,12 +153,24 @@ def test_each_host_runs_systemd_in_a_cgroup_tree_of_its_own(lab: dict[str, objec
     assert failed == ["0", "0"], f"failed starts of 100 per host: {failed}"
 
 
+def _ifindex(link: str) -> int | None:
+    try:
+        return int(Path(f"/sys/class/net/{link}/ifindex").read_text())
+    except FileNotFoundError:
+        return None
+
+
 def test_down_leaves_nothing_behind(lab: dict[str, object]) -> None:
+    bridge = str(lab["bridge"])
+    ours = _ifindex(bridge)
+    assert ours is not None
     down = gpuforge("lab", "down", "--name", LAB)
     assert down.returncode == 0, down.stderr
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert f"gpuforge-{LAB}-" not in netns
-    assert not Path(f"/sys/class/net/{lab['bridge']}").exists()
+    # `down` frees the lab's subnet, so a lab starting beside this one (CI runs several) may take
+    # it and make a bridge of the same name at once; ifindexes are not reused, so only ours counts.
+    assert _ifindex(bridge) != ours, f"bridge {bridge} left behind"
     lab_dir = str(state.lab_root() / LAB)
     assert lab_dir not in Path("/proc/self/mounts").read_text()
     assert not Path(lab_dir).exists()
