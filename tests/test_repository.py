@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import configparser
 import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,22 @@ def test_ansible_cfg_points_at_this_repository() -> None:
     assert cfg["ssh_connection"].getboolean("pipelining")
     assert cfg["defaults"]["fact_caching"] == "jsonfile"
     assert int(cfg["defaults"]["forks"]) > 5
+
+
+def test_a_play_without_the_ec2_inventory_does_not_import_boto3(tmp_path: Path) -> None:
+    """Only an inventory file that names amazon.aws.aws_ec2 loads it (through `auto`), not every run."""
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks: []\n")
+    playbook = shutil.which("ansible-playbook")
+    assert playbook is not None
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", playbook, "-i", "localhost,", str(play)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "| botocore" not in run.stderr
 
 
 def test_versions_manifest_loads_and_tags_every_component() -> None:
