@@ -96,7 +96,7 @@ def test_versions_hash_changes_with_any_pin(tmp_path: Path) -> None:
 
 def test_role_and_cli_validate_pins_with_the_same_pattern() -> None:
     task = (REPO / "roles/gpuforge_common/tasks/load_data.yml").read_text()
-    assert f"is match('{versions.VERSION_PATTERN}')" in task
+    assert f"set exact = '{versions.VERSION_PATTERN}'" in task
 
 
 def test_aws_ofi_nccl_pin_is_the_release_the_pinned_efa_installer_bundles() -> None:
@@ -157,3 +157,39 @@ def test_the_disable_lookups_deprecation_is_amazon_aws_s_not_ours() -> None:
         if p.is_file() and p.suffix in {".py", ".yml"} and "disable_lookups" in code_lines(p)
     ]
     assert offenders == []
+
+
+def test_the_roles_refuse_each_pin_the_policy_forbids_and_name_it(tmp_path: Path) -> None:
+    """gpuforge_common's load_data.yml applies gpuforge.versions' policy: every offending component named."""
+    data = yaml.safe_load((REPO / "versions.yml").read_text())
+    pins = data["gpuforge_versions"]
+    good, *others = sorted(pins)
+    broken = {
+        others[0]: {"version": "latest"},  # not exact
+        others[1]: {"version": 12.8},  # a YAML float, not a version string
+        others[2]: {"floor": "999.0"},  # floor above the pin
+        others[3]: {"provided_by": "someone"},
+        others[4]: {"floor_reason": " "},
+    }
+    for name, change in broken.items():
+        pins[name].update(change)
+    versions = tmp_path / "versions.yml"
+    versions.write_text(yaml.safe_dump(data))
+    extra = tmp_path / "extra.yml"
+    extra.write_text(yaml.safe_dump({"gpuforge_common_versions_file": str(versions)}))
+    play = tmp_path / "play.yml"
+    play.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role:\n"
+        "        {name: gpuforge.gpu.gpuforge_common, tasks_from: load_data.yml}\n"
+    )
+    run = subprocess.run(
+        ["ansible-playbook", "-i", "localhost,", str(play), "-e", f"@{extra}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert run.returncode == 2, run.stdout
+    named = run.stdout.split("versions.yml: ", 1)[1].split(": each needs", 1)[0]
+    assert sorted(named.replace("\n", " ").split(", ")) == sorted(broken)
+    assert good not in named
