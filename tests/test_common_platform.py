@@ -10,9 +10,11 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import yaml
 
 if TYPE_CHECKING:
     from conftest import PlaybookRunner
@@ -64,3 +66,50 @@ def test_unsupported_os_fails_early_with_a_clear_message(
     assert "gpuforge supports Ubuntu 22.04" in result.stdout
     assert "this host runs Ubuntu 20.04" in result.stdout
     assert "Write the versions manifest" not in result.stdout  # Nothing ran past validation.
+
+
+def test_one_probe_reads_what_slurm_and_health_ask_of_a_node(
+    fleet_lab: dict[str, str], run_playbook: PlaybookRunner, tmp_path: Path
+) -> None:
+    """gpuforge_common's probe (one round trip) gives the hostname, CPUs and memory setup's hardware
+    subset reports (slurm.conf's NodeName line was built from those), the /dev/nvidiaN count and
+    whether /opt/parallelcluster exists, on a real host, with the directory and without."""
+    play = tmp_path / "probe.yml"
+    assert_probe = {
+        "ansible.builtin.assert": {
+            "that": [
+                "gpuforge_node.hostname == ansible_facts.hostname",
+                "gpuforge_node.vcpus | int == ansible_facts.processor_vcpus | int",
+                "gpuforge_node.memtotal_mb | int == ansible_facts.memtotal_mb | int",
+                "gpuforge_gpu_device_nodes | int == _devices.stdout | int",
+                "gpuforge_parallelcluster | bool == (pcluster | bool)",
+            ]
+        }
+    }
+    tasks = [
+        {"ansible.builtin.setup": {"gather_subset": ["min", "hardware"]}},
+        {
+            "ansible.builtin.command": "sh -c 'ls /dev | grep -c \"^nvidia[0-9][0-9]*$\" || true'",
+            "register": "_devices",
+            "changed_when": False,
+        },
+        {
+            "ansible.builtin.file": {
+                "path": "/opt/parallelcluster",
+                "state": "{{ 'directory' if pcluster | bool else 'absent' }}",
+            }
+        },
+        {
+            "ansible.builtin.include_role": {"name": "gpuforge.gpu.gpuforge_common"},
+            "vars": {"gpuforge_common_manifest_enabled": False},
+        },
+        assert_probe,
+        {"ansible.builtin.file": {"path": "/opt/parallelcluster", "state": "absent"}},
+    ]
+    play.write_text(yaml.safe_dump([{"hosts": "all", "become": True, "gather_facts": False, "tasks": tasks}]))
+    for pcluster in (False, True):
+        result = run_playbook(
+            {**fleet_lab, "ANSIBLE_CACHE_PLUGIN": "memory"}, str(play), "-e", f"pcluster={pcluster}"
+        )
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert "failed=0" in result.stdout and "unreachable=0" in result.stdout
