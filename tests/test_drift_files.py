@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,43 @@ def test_files_per_host_and_other_changes() -> None:
 def test_output_that_is_not_json_is_an_error() -> None:
     with pytest.raises(AnsibleFilterError, match="not the json callback's output"):
         drift_files.drift_files("ERROR! the playbook could not be found")
+
+
+def test_two_playbooks_of_one_run_as_the_real_callback_prints_them(tmp_path: Path) -> None:
+    """playbooks/drift.yml passes two playbooks (bake and fleet) to one ansible-playbook run; the
+    json callback then prints one document per playbook, the second repeating the first's plays."""
+    target = tmp_path / "managed.conf"
+    target.write_text("old\n")
+    for name, line in (("one.yml", "new"), ("two.yml", "newer")):
+        (tmp_path / name).write_text(
+            "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+            f"    - ansible.builtin.copy:\n        dest: {target}\n"
+            f'        content: "{line}\\n"\n        mode: "0644"\n'
+            "    - ansible.builtin.command: /bin/true\n      changed_when: true\n      check_mode: false\n"
+        )
+    env = {
+        **os.environ,
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_LOCALHOST_WARNING": "false",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+    }
+    playbook = Path(sys.executable).with_name("ansible-playbook")
+    interpreter = f"ansible_python_interpreter={sys.executable}"
+    playbooks = [str(tmp_path / "one.yml"), str(tmp_path / "two.yml")]
+    proc = subprocess.run(
+        [str(playbook), "-i", "localhost,", "-e", interpreter, "--check", "--diff", *playbooks],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # The case this test exists for: more than one document (json.loads of it all fails).
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert drift_files.drift_files(proc.stdout) == {
+        "localhost": {"files": [str(target)], "other_changes": 2},
+    }

@@ -31,14 +31,44 @@ def _paths(result: dict[str, Any]) -> list[str]:
     return found
 
 
+def _documents(output: str) -> list[dict[str, Any]]:
+    """Every JSON document in the output: the callback prints one per playbook (its
+    v2_playbook_on_stats runs at the end of each playbook of an ansible-playbook run), and other
+    lines (warnings) may come before or between them."""
+    decoder = json.JSONDecoder()
+    documents: list[dict[str, Any]] = []
+    position = output.find("{") if isinstance(output, str) else -1
+    while position >= 0:
+        try:
+            document, end = decoder.raw_decode(output, position)
+        except ValueError as exc:
+            if not documents:
+                raise AnsibleFilterError(f"drift_files: not the json callback's output: {exc}") from exc
+            # Text after the last document that happens to contain a brace.
+            break
+        if isinstance(document, dict):
+            documents.append(document)
+        position = output.find("{", end)
+    if not documents:
+        raise AnsibleFilterError("drift_files: not the json callback's output: no JSON document found")
+    return documents
+
+
+def _plays(output: str) -> list[dict[str, Any]]:
+    """The plays of all documents, each once. ansible.posix.json keeps its play list across the
+    playbooks of one run, so a later document repeats the earlier plays; a play is known by its id."""
+    plays: dict[str, dict[str, Any]] = {}
+    for document in _documents(output):
+        for index, play in enumerate(document.get("plays", [])):
+            ident = str((play.get("play") or {}).get("id") or f"#{index}")
+            plays[ident] = play
+    return list(plays.values())
+
+
 def drift_files(output: str) -> dict[str, dict[str, Any]]:
     """{host: {"files": [paths, sorted], "other_changes": N}} from ansible.posix.json output."""
-    try:
-        data = json.loads(output[output.index("{") :])
-    except (ValueError, TypeError) as exc:
-        raise AnsibleFilterError(f"drift_files: not the json callback's output: {exc}") from exc
     report: dict[str, dict[str, Any]] = {}
-    for play in data.get("plays", []):
+    for play in _plays(output):
         for task in play.get("tasks", []):
             for host, result in task.get("hosts", {}).items():
                 entry = report.setdefault(host, {"files": [], "other_changes": 0})
