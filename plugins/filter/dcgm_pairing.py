@@ -1,0 +1,138 @@
+"""Ansible filters: whether the pinned dcgm-exporter can work with the host's DCGM, and which
+build of the pinned exporter release NVIDIA's apt repository offers.
+
+The dcgm role adopts a base image's DCGM at or above the floor and never downgrades it, so the DCGM
+on a node may differ from the release the exporter was paired with. NVIDIA states which DCGM releases
+an exporter release is tested with, and that some DCGM releases only talk to a libdcgm of their own
+release (the versions.yml dcgm_exporter block records both, with sources). The decision lives here,
+once; roles/dcgm/tasks/exporter.yml asserts on its result:
+
+    _pairing: "{{ host_dcgm | gpuforge.gpu.dcgm_exporter_pairing(gpuforge_versions.dcgm_exporter, method) }}"
+
+Which libdcgm talks to the host engine depends on the install method: the package and the binary load
+the host's libdcgm (the same release as its nv-hostengine); the container carries the libdcgm of the
+DCGM release in its tag.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped]
+
+METHODS = ("package", "container", "binary")
+_RELEASE = re.compile(r"^[0-9]+(?:[.][0-9]+)+$")
+
+
+def _release(text: Any, what: str) -> tuple[int, ...]:
+    """(4, 7, 0) from "4.7.0", "1:4.7.0" or "1:4.7.0-1" (Debian epoch and revision dropped)."""
+    bare = re.sub(r"-[^-]*$", "", re.sub(r"^[0-9]+:", "", str(text).strip()))
+    if not _RELEASE.match(bare):
+        raise AnsibleFilterError(
+            f"dcgm_exporter_pairing: {what} {text!r} is not a DCGM release such as 4.7.0"
+        )
+    return tuple(int(part) for part in bare.split("."))
+
+
+def _text(release: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in release)
+
+
+def dcgm_exporter_pairing(host_dcgm: Any, pins: Any, method: Any) -> dict[str, Any]:
+    """Whether the exporter pinned in `pins` (versions.yml dcgm_exporter) works with DCGM `host_dcgm`
+    installed on the node when run by `method`; `reason` says why not and what to do."""
+    if not isinstance(pins, Mapping):
+        raise AnsibleFilterError("dcgm_exporter_pairing: pins must be versions.yml's dcgm_exporter mapping")
+    if method not in METHODS:
+        raise AnsibleFilterError(
+            f"dcgm_exporter_pairing: method {method!r} is not one of {', '.join(METHODS)}"
+        )
+    exporter = str(pins.get("version", ""))
+    paired_text, _, exporter_release = exporter.partition("-")
+    if not exporter_release:
+        raise AnsibleFilterError(
+            f"dcgm_exporter_pairing: dcgm_exporter version {exporter!r} is not <dcgm>-<exporter> "
+            "(e.g. 4.7.0-4.9.0)"
+        )
+    paired = _release(paired_text, "the DCGM release in the exporter version")
+    lowest = _release(pins.get("dcgm_tested_min", ""), "dcgm_exporter.dcgm_tested_min")
+    highest = _release(pins.get("dcgm_tested_max", ""), "dcgm_exporter.dcgm_tested_max")
+    strict_from = _release(pins.get("dcgm_same_release_from", ""), "dcgm_exporter.dcgm_same_release_from")
+    if not lowest <= paired <= highest:
+        raise AnsibleFilterError(
+            f"dcgm_exporter_pairing: versions.yml pairs dcgm-exporter {exporter} with DCGM {_text(paired)}, "
+            f"outside the DCGM {_text(lowest)} to {_text(highest)} it records as tested"
+        )
+    host = _release(host_dcgm, "the host's DCGM")
+    # The package and the binary load the host's own libdcgm; the image carries its tag's DCGM.
+    libdcgm = paired if method == "container" else host
+    tested = f"{_text(lowest)} to {_text(highest)}"
+    result: dict[str, Any] = {
+        "ok": True,
+        "reason": "",
+        "host_dcgm": _text(host),
+        "libdcgm": _text(libdcgm),
+        "tested": tested,
+    }
+    if host < lowest:
+        result["ok"] = False
+        result["reason"] = (
+            f"the host's DCGM {_text(host)} is older than dcgm-exporter {exporter} is tested with "
+            f"(DCGM {tested}, versions.yml dcgm_exporter): raise dcgm_floor to {_text(lowest)} or more "
+            f"so the pin replaces it, or pin an exporter release paired with DCGM {_text(host)}"
+        )
+    elif host > highest:
+        result["ok"] = False
+        result["reason"] = (
+            f"the host's DCGM {_text(host)} is newer than dcgm-exporter {exporter} is tested with "
+            f"(DCGM {tested}, versions.yml dcgm_exporter), and gpuforge never downgrades DCGM: pin the "
+            f"dcgm-exporter release NVIDIA pairs with DCGM {_text(host)} in versions.yml, or set "
+            "dcgm_exporter_enabled=false"
+        )
+    elif libdcgm != host and max(libdcgm, host) >= strict_from:
+        result["ok"] = False
+        result["reason"] = (
+            f"the {method} method's libdcgm {_text(libdcgm)} cannot talk to the host's nv-hostengine "
+            f"{_text(host)}: from DCGM {_text(strict_from)} on both must be the same release "
+            "(versions.yml dcgm_exporter.dcgm_same_release_from); use dcgm_exporter_install_method=package, "
+            "whose exporter uses the host's libdcgm"
+        )
+    return result
+
+
+def dcgm_exporter_package_version(madison: Any, release: Any, installed: Any = "") -> str:
+    """The one datacenter-gpu-manager-exporter version of exporter release `release` (e.g. 4.9.0) to
+    install, from `apt-cache madison` output: the installed one when it is of that release, else the
+    single build the repositories offer ("4.9.0-1", "4.9.0.3955-1", with or without an epoch)."""
+    if not isinstance(madison, str):
+        raise AnsibleFilterError("dcgm_exporter_package_version: the stdout of apt-cache madison, a string")
+    if not _RELEASE.match(str(release)):
+        raise AnsibleFilterError(
+            f"dcgm_exporter_package_version: {release!r} is not an exporter release such as 4.9.0"
+        )
+    # NVIDIA numbers a build after the release in some packages (4.8.4.3955-1); never another release.
+    build = re.compile(r"^([0-9]+:)?" + re.escape(str(release)) + r"([.][0-9]+)?-[0-9A-Za-z.+~]+$")
+    if installed and build.match(str(installed)):
+        return str(installed)
+    offered = [line.split("|")[1].strip() for line in madison.splitlines() if line.count("|") >= 2]
+    matching = sorted({version for version in offered if build.match(version)})
+    if len(matching) != 1:
+        raise AnsibleFilterError(
+            f"datacenter-gpu-manager-exporter: the configured repositories offer "
+            f"{', '.join(matching) if matching else 'no build'} of dcgm-exporter {release} "
+            f"(all offered: {', '.join(offered) or 'nothing'}); set dcgm_exporter_package_version to the "
+            "exact version to install, or pin an exporter release they carry. Nothing was installed."
+        )
+    return matching[0]
+
+
+class FilterModule:
+    """Ansible entry point."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "dcgm_exporter_pairing": dcgm_exporter_pairing,
+            "dcgm_exporter_package_version": dcgm_exporter_package_version,
+        }
