@@ -29,7 +29,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "roles" / "health" / "files" / "gpuforge-health"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "health"
-INSTANCE_TYPES = yaml.safe_load((REPO / "data" / "instance_types.yml").read_text())["gpuforge_instance_types"]
+DATA = yaml.safe_load((REPO / "data" / "instance_types.yml").read_text())
+INSTANCE_TYPES = DATA["gpuforge_instance_types"]
+GPU_MODELS = DATA["gpuforge_gpu_models"]
 DEFAULTS = yaml.safe_load((REPO / "roles" / "health" / "defaults" / "main.yml").read_text())
 
 
@@ -56,6 +58,8 @@ THROTTLE_QUERY = "--query-gpu=index," + ",".join(
     for f in ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown")
 )
 APPS_QUERY = "--query-compute-apps=pid,process_name,used_memory"
+PCIE_GEN_NOW_QUERY = "--query-gpu=index,pcie.link.gen.gpucurrent"
+FABRIC_QUERY = "--query-gpu=index,fabric.state,fabric.status"
 
 
 class Tools:
@@ -94,6 +98,22 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
+def rdma_device(root: Path, name: str, driver: str, ports: dict[str, str]) -> None:
+    """One /sys/class/infiniband/<name>: its PCI driver link, its ports' state, NVIDIA p2p on EFA ones.
+
+    As in sysfs, device/driver is a relative link to /sys/bus/pci/drivers/<driver>; each
+    ports/<n>/state reads like "4: ACTIVE" (the kernel's ib_port_state number and name).
+    """
+    device = root / "sys" / "class" / "infiniband" / name / "device"
+    device.mkdir(parents=True, exist_ok=True)
+    (device / "driver").symlink_to(f"../../../../bus/pci/drivers/{driver}")
+    if driver == "efa":
+        (device / "p2p").write_text("NVIDIA\n")
+    for port, state in ports.items():
+        (root / "sys" / "class" / "infiniband" / name / "ports" / port).mkdir(parents=True)
+        (root / "sys" / "class" / "infiniband" / name / "ports" / port / "state").write_text(state + "\n")
+
+
 def fake_sys(root: Path, efa_devices: int) -> None:
     """A /sys and /dev tree as on a healthy p5: EFA modules, GDRCopy, NVIDIA peer-to-peer per device."""
     for module in ("efa", "ib_uverbs", "gdrdrv"):
@@ -101,9 +121,20 @@ def fake_sys(root: Path, efa_devices: int) -> None:
     (root / "dev").mkdir(exist_ok=True)
     (root / "dev" / "gdrdrv").write_text("")
     for n in range(efa_devices):
-        device = root / "sys" / "class" / "infiniband" / f"rdmap{n + 79}s0" / "device"
-        device.mkdir(parents=True, exist_ok=True)
-        (device / "p2p").write_text("NVIDIA\n")
+        rdma_device(root, f"rdmap{n + 79}s0", "efa", {"1": "4: ACTIVE"})
+
+
+def recorded_sys(root: Path, recording: str) -> None:
+    """A /sys tree from a recorded device list (tests/fixtures/health/sysfs-infiniband-*.txt)."""
+    for module in ("efa", "ib_uverbs", "gdrdrv", "ib_umad"):
+        (root / "sys" / "module" / module).mkdir(parents=True, exist_ok=True)
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev" / "gdrdrv").write_text("")
+    for line in fixture(recording).splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, driver, *ports = line.split(" ", 2)
+            states = dict(p.split("=", 1) for p in ports[0].split(";")) if ports else {}
+            rdma_device(root, name, driver, states)
 
 
 @pytest.fixture
@@ -116,6 +147,8 @@ def tools(tmp_path: Path) -> Tools:
     t.set("nvidia-smi", PCIE_QUERY, fixture("smi-pcie-p5.csv"))
     t.set("nvidia-smi", THROTTLE_QUERY, fixture("smi-throttle-p5.csv"))
     t.set("nvidia-smi", APPS_QUERY, "")
+    t.set("nvidia-smi", PCIE_GEN_NOW_QUERY, fixture("smi-pcie-gen-current-p5.csv"))
+    t.set("nvidia-smi", FABRIC_QUERY, fixture("smi-fabric-p5.csv"))
     t.set("nvidia-smi", "nvlink --status", fixture("smi-nvlink-status-p5.txt"))
     t.set("nvidia-smi", "nvlink --errorcounters", fixture("smi-nvlink-errors-p5.txt"))
     t.set("ibv_devinfo", "", fixture("ibv_devinfo-p5.txt"))
@@ -146,6 +179,8 @@ def config(tmp_path: Path, tools: Tools, monkeypatch: pytest.MonkeyPatch) -> dic
         "nvlink_error_limits": DEFAULTS["health_nvlink_error_limits"],
         "pcie_by_gpu_model": DEFAULTS["health_pcie_by_gpu_model"],
         "gpudirect_rdma_types": DEFAULTS["health_gpudirect_rdma_types"],
+        "gpu_models": GPU_MODELS,
+        "pcie_sample_interval_s": 0.05,
         "gdrcopy_required": True,
         "loopback_modes": [],
         "paths": [{"path": str(tmp_path), "min_free_gib": 0, "required": True}],
@@ -177,6 +212,7 @@ HARDWARE_CHECKS = [
     "fabric_manager",
     "nvlink_state",
     "nvlink_errors",
+    "nvlink_fabric",
     "gpu_xid",
     "nvswitch_sxid",
     "dcgm_diag",
@@ -850,3 +886,274 @@ def test_every_gpu_model_and_rdma_type_has_its_expectation() -> None:
     rdma = set(defaults["health_gpudirect_rdma_types"])
     assert rdma <= set(INSTANCE_TYPES)
     assert "p6-b200.48xlarge" in rdma
+
+
+# --- p6-b200: EFA devices beside the NVLink management NICs ---------------------------------------
+
+
+@pytest.fixture
+def p6(config: dict[str, Any], tools: Tools, tmp_path: Path) -> dict[str, Any]:
+    """A p6-b200.48xlarge: 8 EFA devices and 2 mlx5 NVLink management NICs (recorded, partly assumed)."""
+    recorded_sys(tmp_path / "p6", "sysfs-infiniband-p6-b200.txt")
+    tools.set("ibv_devinfo", "", fixture("ibv_devinfo-p6-b200.txt"))
+    tools.set("fi_info", "-p efa -t FI_EP_RDM", fixture("fi_info-efa-p6-b200.txt"))
+    config.update(instance_type="p6-b200.48xlarge", sys_root=str(tmp_path / "p6"))
+    return config
+
+
+def test_p6_b200_counts_ports_and_p2p_checks_only_efa_devices(p6: dict[str, Any]) -> None:
+    """ibv_devinfo and sysfs also list the mlx5 NICs: only the 8 devices bound to efa are EFA devices."""
+    got = by_check(HEALTH.run_checks(p6, "prolog"))
+    assert got["efa_devices"]["status"] == "pass", got["efa_devices"]
+    assert got["efa_devices"]["detail"] == (
+        "8 of 8 EFA devices; not counted: mlx5_0 (mlx5_core), mlx5_1 (mlx5_core)"
+    )
+    assert got["efa_ports"] == {
+        "check": "efa_ports",
+        "status": "pass",
+        "detail": "every port of 8 devices PORT_ACTIVE",
+    }
+    assert got["efa_libfabric"]["status"] == "pass"
+    assert got["gpudirect_rdma"]["detail"] == "NVIDIA peer-to-peer on 8 EFA devices"
+    assert got["gpudirect_rdma"]["status"] == "pass"
+
+
+def test_p6_b200_lists_its_nvlink_management_nics(p6: dict[str, Any]) -> None:
+    """The NVLink management NICs are a check of their own, listed with their ports' state."""
+    got = by_check(HEALTH.run_checks(p6, "adhoc"))["nvlink_mgmt_nics"]
+    assert got["status"] == "pass", got
+    assert got["detail"] == "2 NVLink management NIC(s): mlx5_0: port 1 ACTIVE; mlx5_1: port 1 ACTIVE"
+    assert got["nics"] == {"mlx5_0": ["port 1 ACTIVE"], "mlx5_1": ["port 1 ACTIVE"]}
+
+
+def test_an_efa_port_down_on_p6_b200_is_still_caught(p6: dict[str, Any], tools: Tools) -> None:
+    """Filtering the mlx5 NICs out does not hide an EFA port that is down."""
+    text = fixture("ibv_devinfo-p6-b200.txt").replace("PORT_ACTIVE (4)", "PORT_DOWN (1)", 1)
+    tools.set("ibv_devinfo", "", text)
+    got = by_check(HEALTH.run_checks(p6, "adhoc"))["efa_ports"]
+    assert (got["status"], got["detail"]) == ("fail", "port not PORT_ACTIVE on rdmap16s0")
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        ("port-down", "port not ACTIVE on mlx5_1 (mlx5_0: port 1 ACTIVE; mlx5_1: port 1 DOWN)"),
+        ("no-nics", "no NVLink management NIC (mlx5_core RDMA device) in /sys/class/infiniband"),
+        ("no-ib_umad", "kernel module ib_umad not loaded"),
+    ],
+)
+def test_nvlink_management_nic_faults(p6: dict[str, Any], change: str, detail: str) -> None:
+    """A management NIC port not ACTIVE, no such NIC at all, or ib_umad not loaded fails the check."""
+    root = Path(p6["sys_root"])
+    infiniband = root / "sys" / "class" / "infiniband"
+    if change == "port-down":
+        (infiniband / "mlx5_1" / "ports" / "1" / "state").write_text("1: DOWN\n")
+    elif change == "no-nics":
+        for name in ("mlx5_0", "mlx5_1"):
+            (infiniband / name / "device" / "driver").unlink()
+    else:
+        (root / "sys" / "module" / "ib_umad").rmdir()
+    got = by_check(HEALTH.run_checks(p6, "adhoc"))["nvlink_mgmt_nics"]
+    assert got["status"] == "fail"
+    assert detail in got["detail"]
+
+
+@pytest.mark.parametrize("instance_type", ["p5.48xlarge", "p4d.24xlarge", "g6.48xlarge", "p5.4xlarge"])
+def test_types_without_nvlink_management_nics_are_not_failed(
+    config: dict[str, Any], instance_type: str
+) -> None:
+    """Only NVSwitch types with Blackwell GPUs have the NICs; the others skip the check, never fail it."""
+    config["instance_type"] = instance_type
+    got = by_check(HEALTH.run_checks(config, "adhoc"))["nvlink_mgmt_nics"]
+    assert got["status"] == "skipped"
+    assert got["detail"].startswith(f"{instance_type} has no NVLink management NICs")
+
+
+def test_every_blackwell_nvswitch_type_expects_the_nics() -> None:
+    """The promise comes from data/instance_types.yml: NVSwitch and a Blackwell GPU (p6-b200 today)."""
+    expecting = sorted(
+        name
+        for name, spec in INSTANCE_TYPES.items()
+        if spec.get("nvswitch")
+        and GPU_MODELS.get(spec.get("gpu_model"), {}).get("architecture") == "Blackwell"
+    )
+    assert expecting == ["p6-b200.48xlarge"]
+    assert all(INSTANCE_TYPES[name].get("nvlink_subnet_manager") for name in expecting)
+
+
+# --- NVLink fabric registration -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "output", "rc", "status", "detail"),
+    [
+        ("p5.48xlarge", fixture("smi-fabric-p5.csv"), 0, "pass", "8 GPUs registered with the NVLink fabric"),
+        (
+            "p5.48xlarge",
+            fixture("smi-fabric-p5-in-progress.csv"),
+            0,
+            "fail",
+            "GPU 3 fabric registration In Progress (CUDA error 802 until it completes)",
+        ),
+        (
+            "p5.48xlarge",
+            replace_rows(fixture("smi-fabric-p5.csv"), 6, "6, Completed, Insufficient Resources"),
+            0,
+            "fail",
+            "GPU 6 fabric registration completed with status Insufficient Resources",
+        ),
+        (
+            "p5.48xlarge",
+            "".join(f"{i}, [N/A], [N/A]\n" for i in range(8)),
+            0,
+            "fail",
+            "fabric state not reported on GPU 0, GPU 1",
+        ),
+        (
+            "p6-b200.48xlarge",
+            "".join(f"{i}, [N/A], [N/A]\n" for i in range(8)),
+            0,
+            "fail",
+            "(Blackwell NVSwitch GPUs must report Completed)",
+        ),
+        (
+            "p4d.24xlarge",
+            "".join(f"{i}, [N/A], [N/A]\n" for i in range(8)),
+            0,
+            "skipped",
+            "fabric state not reported on Ampere GPUs",
+        ),
+        ("g6.48xlarge", "", 0, "skipped", "g6.48xlarge has no NVSwitch"),
+    ],
+    ids=[
+        "p5-completed",
+        "p5-in-progress",
+        "p5-error-status",
+        "hopper-na",
+        "blackwell-na",
+        "ampere-na",
+        "no-nvswitch",
+    ],
+)
+def test_nvlink_fabric_registration(
+    config: dict[str, Any], tools: Tools, instance_type: str, output: str, rc: int, status: str, detail: str
+) -> None:
+    """Every GPU Completed/Success passes; In Progress or an error fails; N/A passes nowhere."""
+    tools.set("nvidia-smi", FABRIC_QUERY, output, rc)
+    config["instance_type"] = instance_type
+    got = by_check(HEALTH.run_checks(config, "adhoc"))["nvlink_fabric"]
+    assert got["status"] == status, got
+    assert detail in got["detail"]
+
+
+# --- PCIe generation under load -------------------------------------------------------------------
+
+
+def test_a_link_trained_down_a_generation_fails_under_load(config: dict[str, Any], tools: Tools) -> None:
+    """pcie.link.gen.max says Gen5, but under dcgmi diag GPU 3's link runs at Gen4: fail."""
+    tools.set(
+        "nvidia-smi", PCIE_GEN_NOW_QUERY, replace_rows(fixture("smi-pcie-gen-current-p5.csv"), 3, "3, 4")
+    )
+    got = by_check(HEALTH.run_checks(config, "prolog"))["gpu_pcie_link"]
+    assert (got["status"], got["detail"]) == (
+        "fail",
+        "GPU 3 at Gen4 x16 under load (max Gen5) (expected Gen5 x16)",
+    )
+
+
+def test_without_load_the_generation_is_not_judged(config: dict[str, Any], tools: Tools) -> None:
+    """The epilog runs no dcgmi diag: the detail says the generation was not judged, not that it passed."""
+    tools.set("nvidia-smi", PCIE_GEN_NOW_QUERY, "".join(f"{i}, 1\n" for i in range(8)))
+    got = by_check(HEALTH.run_checks(config, "epilog"))["gpu_pcie_link"]
+    assert got["detail"] == (
+        "every GPU at x16 or wider; generation not judged: no load in this mode "
+        "(dcgmi diag turned off for epilog); max Gen5"
+    )
+
+
+def test_the_highest_generation_seen_during_the_diagnostic_counts(
+    config: dict[str, Any], tools: Tools, tmp_path: Path
+) -> None:
+    """Idle GPUs report Gen1; the samples taken while dcgmi diag runs find Gen5, and that is judged."""
+    tools.set("dcgmi", "diag -r 1", "| Deployment | Pass |\n")
+    dcgmi = tmp_path / "slow-dcgmi"
+    dcgmi.write_text(f'#!/bin/sh\nsleep 1\nexec {tools.path("dcgmi")} "$@"\n')
+    dcgmi.chmod(0o755)
+    # The first sample sees idle links (Gen1), every later one the loaded links (Gen5).
+    count = tmp_path / "samples"
+    smi = tmp_path / "loaded-nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = {PCIE_GEN_NOW_QUERY} ]; then\n'
+        f"  echo x >> {count}\n"
+        f'  if [ "$(wc -l < {count})" -eq 1 ]; then gen=1; else gen=5; fi\n'
+        '  for i in 0 1 2 3 4 5 6 7; do echo "$i, $gen"; done; exit 0\n'
+        "fi\n"
+        f'exec {tools.path("nvidia-smi")} "$@"\n'
+    )
+    smi.chmod(0o755)
+    config["tools"].update({"dcgmi": str(dcgmi), "nvidia-smi": str(smi)})
+    got = by_check(HEALTH.run_checks(config, "prolog"))
+    assert len(count.read_text().splitlines()) >= 2
+    assert got["gpu_pcie_link"] == {
+        "check": "gpu_pcie_link",
+        "status": "pass",
+        "detail": "every GPU at Gen5 x16 or better (generation sampled under dcgmi diag -r 1)",
+    }
+    assert got["dcgm_diag"]["status"] == "pass"
+
+
+# --- GDRCopy: required where the image carries it ------------------------------------------------
+
+
+def dpkg_status(root: Path, package: str, status: str) -> None:
+    (root / "var" / "lib" / "dpkg").mkdir(parents=True, exist_ok=True)
+    stanzas = ["Package: libc6\nStatus: install ok installed\n", f"Package: {package}\nStatus: {status}\n"]
+    (root / "var" / "lib" / "dpkg" / "status").write_text("\n".join(stanzas))
+
+
+@pytest.mark.parametrize(
+    ("image", "loaded", "status", "detail"),
+    [
+        ("none", False, "skipped", "auto: GDRCopy not installed on this image"),
+        ("package", False, "fail", "gdrdrv not loaded (no /dev/gdrdrv; auto: GDRCopy installed (package"),
+        ("package", True, "pass", "auto: GDRCopy installed (package gdrdrv-dkms installed)"),
+        ("removed-package", False, "skipped", "auto: GDRCopy not installed on this image"),
+        ("module", False, "fail", "auto: GDRCopy installed (module gdrdrv.ko for kernel 6.8.0-1015-aws)"),
+    ],
+)
+def test_gdrcopy_auto_requires_it_where_the_image_carries_it(
+    config: dict[str, Any], image: str, loaded: bool, status: str, detail: str
+) -> None:
+    """auto: an image without GDRCopy is not drained for it; one that has it must have gdrdrv loaded."""
+    root = Path(config["sys_root"])
+    config.update(gdrcopy_required="auto", kernel_release="6.8.0-1015-aws")
+    if not loaded:
+        (root / "dev" / "gdrdrv").unlink()
+        (root / "sys" / "module" / "gdrdrv").rmdir()
+    if image == "package":
+        dpkg_status(root, "gdrdrv-dkms", "install ok installed")
+    elif image == "removed-package":
+        dpkg_status(root, "gdrdrv-dkms", "deinstall ok config-files")
+    elif image == "module":
+        module = root / "lib" / "modules" / "6.8.0-1015-aws" / "updates" / "dkms" / "gdrdrv.ko"
+        module.parent.mkdir(parents=True)
+        module.write_text("")
+    got = by_check(HEALTH.run_checks(config, "adhoc"))["gdrcopy"]
+    assert got["status"] == status, got
+    assert detail in got["detail"]
+
+
+@pytest.mark.parametrize(("setting", "status"), [(True, "fail"), (False, "skipped")])
+def test_gdrcopy_explicit_setting_wins(config: dict[str, Any], setting: bool, status: str) -> None:
+    """health_gdrcopy_required true or false decides whatever the image carries."""
+    (Path(config["sys_root"]) / "dev" / "gdrdrv").unlink()
+    config.update(gdrcopy_required=setting, gdrcopy_reason=f"health_gdrcopy_required {str(setting).lower()}")
+    got = by_check(HEALTH.run_checks(config, "adhoc"))["gdrcopy"]
+    assert got["status"] == status
+    assert got["detail"].endswith(f"health_gdrcopy_required {str(setting).lower()})" if setting else "false")
+
+
+def test_gdrcopy_default_is_auto() -> None:
+    """The role's default decides from the image (production: the DLAMI may or may not carry GDRCopy)."""
+    assert DEFAULTS["health_gdrcopy_required"] == "auto"
