@@ -31,15 +31,25 @@ locals {
   source_ami_filters     = var.source_ami == "" ? [local.source_ami_name_filter] : []
 
   ansible_extra_vars = var.ansible_extra_vars_file == "" ? [] : ["-e", "@${var.ansible_extra_vars_file}"]
+
+  # A customer key and region copies: each copy needs a key of its own region (amazon-ebs.pkr.hcl.modern).
+  copy_with_customer_keys = var.kms_key_id != "" && length(var.ami_regions) > 0
 }
 
 source "amazon-ebs" "gpu" {
-  region                  = var.region
-  instance_type           = var.instance_type
-  source_ami              = var.source_ami
-  ssh_username            = var.ssh_username
-  subnet_id               = var.subnet_id
-  iam_instance_profile    = var.iam_instance_profile
+  region               = var.region
+  instance_type        = var.instance_type
+  source_ami           = var.source_ami
+  ssh_username         = var.ssh_username
+  subnet_id            = var.subnet_id
+  iam_instance_profile = var.iam_instance_profile
+  # Session Manager by default: no inbound rule on the builder, reachable in a private subnet. Otherwise
+  # SSH is open only to the CIDRs given; an empty list would be Packer's 0.0.0.0/0 default, so it becomes
+  # a value Packer refuses by name ("Error parsing CIDR in temporary_security_group_source_cidrs").
+  ssh_interface = var.ssh_interface
+  temporary_security_group_source_cidrs = var.ssh_interface == "session_manager" ? null : (
+    length(var.temporary_security_group_source_cidrs) > 0 ? var.temporary_security_group_source_cidrs : ["set-temporary_security_group_source_cidrs-when-ssh_interface-is-not-session_manager"]
+  )
   ami_name                = local.image_name
   ami_description         = "gpuforge ${var.flavor} GPU image built from ${var.git_revision}"
   ami_virtualization_type = "hvm"
@@ -72,8 +82,9 @@ source "amazon-ebs" "gpu" {
   # then delete an untagged intermediate one, which the pipeline role may not do (it deregisters
   # only gpuforge-tagged images: packer/iam/pipeline-policy.json).
   launch_block_device_mappings {
-    device_name           = "/dev/sda1"
-    volume_size           = var.root_volume_size_gib
+    device_name = "/dev/sda1"
+    # null (root_volume_size_gib 0): EC2 sizes the volume from the base AMI's root snapshot.
+    volume_size           = var.root_volume_size_gib == 0 ? null : var.root_volume_size_gib
     volume_type           = "gp3"
     iops                  = 3000
     throughput            = 250
@@ -85,6 +96,12 @@ source "amazon-ebs" "gpu" {
   tags          = local.image_tags
   snapshot_tags = local.image_tags
   run_tags = {
+    "Name"              = "gpuforge-bake-${var.build_id}"
+    "gpuforge:build-id" = var.build_id
+  }
+  # The builder's volumes carry the build id from RunInstances on: the pipeline role may launch only
+  # volumes tagged with it (packer/iam/pipeline-policy.json, PackerLaunchBuilderVolumes).
+  run_volume_tags = {
     "Name"              = "gpuforge-bake-${var.build_id}"
     "gpuforge:build-id" = var.build_id
   }

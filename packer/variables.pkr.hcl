@@ -102,16 +102,49 @@ variable "subnet_id" {
 variable "iam_instance_profile" {
   type        = string
   default     = ""
-  description = "Instance profile for the builder (e.g. to read artifacts from S3); empty for none."
+  description = "Instance profile for the builder. With ssh_interface session_manager it must give the builder the Session Manager permissions (gpuforge pipeline-role's gpuforge-builder-<region> attaches AmazonSSMManagedInstanceCore); Packer refuses session_manager without one."
 }
 
+# How Packer (and Ansible, use_proxy = false) reach the builder. session_manager: an SSM port-forwarding
+# tunnel from the machine running Packer, so the builder needs no inbound rule at all and may sit in a
+# private subnet (Packer then creates no SSH ingress rule: SkipSSHRuleCreation = SSMAgentEnabled(),
+# hashicorp/packer v1.6.6 builder/amazon/ebs/builder.go:260, packer-plugin-amazon v1.8.2
+# builder/ebs/builder.go:346). The runner needs session-manager-plugin (packer/scripts/install-session-manager-plugin.sh).
+variable "ssh_interface" {
+  type        = string
+  default     = "session_manager"
+  description = "How Packer reaches the builder: session_manager (default; no inbound rule, needs iam_instance_profile) or public_ip/private_ip/public_dns/private_dns with temporary_security_group_source_cidrs."
+  validation {
+    # The values Packer accepts (hashicorp/packer v1.6.6 builder/amazon/common/run_config.go:527-533).
+    condition     = contains(["session_manager", "public_ip", "private_ip", "public_dns", "private_dns"], var.ssh_interface)
+    error_message = "The ssh_interface must be session_manager, public_ip, private_ip, public_dns or private_dns."
+  }
+}
+
+variable "temporary_security_group_source_cidrs" {
+  type        = list(string)
+  default     = []
+  description = "Without Session Manager: the CIDRs allowed to reach the builder's SSH port (e.g. the runner's egress address /32). Required then; never 0.0.0.0/0."
+  validation {
+    # Packer's own default for an empty list is 0.0.0.0/0 (run_config.go:604-605 at v1.6.6), which is why
+    # the source never passes an empty list, and why the whole internet is refused here.
+    condition     = length([for c in var.temporary_security_group_source_cidrs : c if c == "0.0.0.0/0" || c == "::/0"]) == 0
+    error_message = "The temporary_security_group_source_cidrs must not open SSH to the whole internet (0.0.0.0/0 or ::/0)."
+  }
+}
+
+# The image's root snapshot has the bake volume's size, and EC2 refuses to launch an image with a root
+# volume smaller than its snapshot, so this size becomes every node's minimum root volume. 0 (the default)
+# leaves volume_size unset: EC2 then sizes the volume from the base AMI's own root snapshot, the smallest
+# the base can have. A larger value is for a bake that needs the room; EC2 refuses one below the base
+# snapshot at RunInstances, and gpuforge bake checks it first.
 variable "root_volume_size_gib" {
   type        = number
-  default     = 100
-  description = "Size of the encrypted gp3 root volume in GiB (the DLAMI needs at least 75)."
+  default     = 0
+  description = "Root volume size in GiB during the bake, and so the image's minimum root volume; 0 (default) keeps the base AMI's root snapshot size."
   validation {
-    condition     = var.root_volume_size_gib >= 75 && var.root_volume_size_gib <= 16384
-    error_message = "The root_volume_size_gib must be between 75 and 16384."
+    condition     = var.root_volume_size_gib == 0 || (var.root_volume_size_gib >= 8 && var.root_volume_size_gib <= 16384)
+    error_message = "The root_volume_size_gib must be 0 (the base AMI's snapshot size) or between 8 and 16384."
   }
 }
 
@@ -119,6 +152,12 @@ variable "kms_key_id" {
   type        = string
   default     = ""
   description = "KMS key for the encrypted root volume and AMI snapshots; empty uses the AWS-managed EBS key."
+}
+
+variable "region_kms_key_ids" {
+  type        = map(string)
+  default     = {}
+  description = "With kms_key_id and ami_regions: the customer key for each copy region (a key belongs to one region). Modern Packer only; every copy region must have one."
 }
 
 variable "image_name_prefix" {

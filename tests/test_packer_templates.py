@@ -63,8 +63,11 @@ def _validate(staged: Path, tmp_path: Path, **overrides: object) -> subprocess.C
         "source_ami": "ami-0123456789abcdef0",
         "image_tags": versions.load().image_tags(),
         "manifest_path": str(tmp_path / "manifest.json"),
+        # Session Manager (the default ssh_interface) needs the builder's instance profile.
+        "iam_instance_profile": "gpuforge-builder-us-east-1",
         **overrides,
     }
+    variables = {k: v for k, v in variables.items() if v is not None}
     var_file = write_var_file(tmp_path / "vars.json", variables)
     cmd = _offline([Packer.find().executable, "validate", f"-var-file={var_file}", str(staged)])
     return subprocess.run(cmd, capture_output=True, text=True, env=_packer_env(), check=False)
@@ -122,7 +125,9 @@ def test_packer_validate_with_fallback_filter_and_lab_key(staged: Path, tmp_path
         ("flavor", "centos", "flavor must be dlami or pcluster"),
         ("source_ami", "ami-123", "source_ami must be an AMI id"),
         ("source_ami", "img-0123456789abcdef0", "source_ami must be an AMI id"),
-        ("root_volume_size_gib", 20, "root_volume_size_gib must be between"),
+        ("root_volume_size_gib", 4, "root_volume_size_gib must be 0 (the base AMI's snapshot size) or between"),
+        ("ssh_interface", "ssh", "ssh_interface must be session_manager"),
+        ("temporary_security_group_source_cidrs", ["0.0.0.0/0"], "must not open SSH to the whole internet"),
         ("instance_type", "g5", "instance_type must look like"),
         ("region", "mars", "region must be an AWS region"),
     ],
@@ -132,7 +137,8 @@ def test_packer_validate_rejects_bad_variables(
 ) -> None:
     result = _validate(staged, tmp_path, **{variable: value})
     assert result.returncode != 0
-    assert message in result.stdout + result.stderr
+    # Packer wraps its messages at 80 columns.
+    assert message in " ".join((result.stdout + result.stderr).split())
 
 
 def _fake_root(root: Path) -> None:
@@ -361,3 +367,51 @@ def test_bakes_never_share_cached_facts(tmp_path: Path) -> None:
     ).stdout
     memory = r"^CACHE_PLUGIN\(env: ANSIBLE_CACHE_PLUGIN\) = ansible\.builtin\.memory$"
     assert re.search(memory, dump, re.M), dump
+
+
+@needs_packer
+@pytest.mark.skipif(
+    not (REPO / "playbooks" / "bake.yml").is_file(), reason="playbooks/bake.yml is not in the checkout yet"
+)
+def test_builder_is_reached_through_session_manager_or_a_stated_cidr(staged: Path, tmp_path: Path) -> None:
+    """Session Manager is the default and needs the builder profile (Packer's own check); without it, SSH is
+    open only to the CIDRs given, and no CIDR is refused instead of becoming Packer's 0.0.0.0/0."""
+    no_profile = _validate(staged, tmp_path, iam_instance_profile=None)
+    assert no_profile.returncode != 0
+    assert "session_manager connectivity requires a valid instance profile" in no_profile.stdout
+    no_cidr = _validate(staged, tmp_path, ssh_interface="private_ip", iam_instance_profile=None)
+    assert no_cidr.returncode != 0
+    assert "set-temporary_security_group_source_cidrs-when-ssh_interface-is-not-session_manager" in no_cidr.stdout
+    cidr = _validate(
+        staged,
+        tmp_path,
+        ssh_interface="private_ip",
+        temporary_security_group_source_cidrs=["203.0.113.7/32"],
+        iam_instance_profile=None,
+    )
+    assert cidr.returncode == 0, cidr.stdout + cidr.stderr
+
+
+def test_amazon_ebs_source_never_opens_ssh_to_the_internet() -> None:
+    """The source takes the interface and the CIDRs from variables whose defaults are Session Manager and
+    nothing, and the bake volume keeps the base snapshot's size unless a size is asked for."""
+    source = _amazon_ebs_source((PACKER_DIR / "gpuforge.pkr.hcl").read_text())
+    assert re.search(r"^  ssh_interface\s+= var.ssh_interface$", source, re.M)
+    assert "temporary_security_group_source_cidrs" in source
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+    assert "0.0.0.0/0" not in code
+    variables = (PACKER_DIR / "variables.pkr.hcl").read_text()
+    assert re.search(r'variable "ssh_interface" \{[^}]*default\s+= "session_manager"', variables)
+    assert re.search(r'variable "root_volume_size_gib" \{[^}]*default\s+= 0\n', variables)
+    assert re.search(r"volume_size\s+= var.root_volume_size_gib == 0 \? null", source)
+
+
+def test_modern_staging_copies_customer_key_images_with_a_key_per_region(tmp_path: Path) -> None:
+    modern = stage_templates(PACKER_DIR, tmp_path / "modern", modern=True)
+    source = _amazon_ebs_source((modern / "gpuforge.pkr.hcl").read_text())
+    assert re.search(r"^  encrypt_boot\s+= local.copy_with_customer_keys \? true : null$", source, re.M)
+    assert "r => var.region_kms_key_ids[r]" in source
+    legacy = stage_templates(PACKER_DIR, tmp_path / "legacy", modern=False)
+    assert "encrypt_boot" not in _amazon_ebs_source((legacy / "gpuforge.pkr.hcl").read_text()).replace(
+        "No encrypt_boot", ""
+    )
