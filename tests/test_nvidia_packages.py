@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 
 import sourcefile
@@ -132,3 +133,60 @@ def test_the_roles_ubuntu_vars_name_the_packages_of_the_branch_in_use(tmp_path: 
     ]
     assert shown["probe"] == "nvidia-utils"
     assert shown["user"][0] == "nvidia-driver-pinning-595.91.07"
+
+
+def test_blackwell_targets_need_the_open_modules() -> None:
+    """data/instance_types.yml: B200 runs only on the open kernel modules; H100 on either."""
+    data = yaml.safe_load((REPO / "data/instance_types.yml").read_text())
+    types, models = data["gpuforge_instance_types"], data["gpuforge_gpu_models"]
+    assert packages.targets_needing_open_modules(["p5.48xlarge", "p6-b200.48xlarge"], types, models) == [
+        "p6-b200.48xlarge"
+    ]
+    assert (
+        packages.targets_needing_open_modules(["p5.48xlarge", "g6.xlarge", "unknown.type"], types, models)
+        == []
+    )
+
+
+def _validate(tmp_path: Path, module: str, targets: list[str]) -> subprocess.CompletedProcess[str]:
+    """roles/nvidia_driver/tasks/validate.yml, run by Ansible with the catalog and these inputs."""
+    data = yaml.safe_load((REPO / "data/instance_types.yml").read_text())
+    play = tmp_path / "validate.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        f"    - ansible.builtin.include_tasks: {REPO}/roles/nvidia_driver/tasks/validate.yml\n"
+    )
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "ansible_facts": {"distribution": "Ubuntu"},
+        "nvidia_driver_version": "595.91.07",
+        "nvidia_driver_branch": "595",
+        "nvidia_driver_kernel_module": module,
+        "gpuforge_targets": targets,
+        "gpuforge_instance_types": data["gpuforge_instance_types"],
+        "gpuforge_gpu_models": data["gpuforge_gpu_models"],
+    }
+    return subprocess.run(
+        [
+            str(Path(sys.executable).with_name("ansible-playbook")),
+            "-i",
+            "localhost,",
+            "-e",
+            json.dumps(extra),
+            str(play),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+        timeout=300,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+    )
+
+
+def test_the_role_refuses_proprietary_modules_for_a_b200_target(tmp_path: Path) -> None:
+    refused = _validate(tmp_path, "proprietary", ["p5.48xlarge", "p6-b200.48xlarge"])
+    assert refused.returncode != 0
+    assert "p6-b200.48xlarge run only on NVIDIA's open kernel modules" in refused.stdout
+    assert _validate(tmp_path, "proprietary", ["p5.48xlarge"]).returncode == 0
+    assert _validate(tmp_path, "open", ["p6-b200.48xlarge"]).returncode == 0

@@ -48,6 +48,8 @@ class GpuModel:
     # Oldest driver release / CUDA release that support the GPU, where NVIDIA publishes one.
     min_driver: str | None = None
     min_cuda: str | None = None
+    # The only kernel module flavor NVIDIA supports for the GPU ("open" for Blackwell), if any.
+    kernel_module: str | None = None
 
 
 @dataclass(frozen=True)
