@@ -81,7 +81,16 @@ CASES: dict[str, tuple[str, dict[str, str]]] = {
         },
     ),
     "malformed_driver": ("gpuforge.gpu.nvidia_driver", {"nvidia_driver_version": "latest"}),
-    "wrong_checksum": ("gpuforge.gpu.dcgm", {"dcgm_exporter_binary_sha256": "0" * 64}),
+    # The binary method is opt-in (the lab runs the default package method): its fixture artifact
+    # with a sha256 that is not the artifact's.
+    "wrong_checksum": (
+        "gpuforge.gpu.dcgm",
+        {
+            "dcgm_exporter_install_method": "binary",
+            "dcgm_exporter_binary_url": f"{FIXTURE}/artifacts/dcgm-exporter",
+            "dcgm_exporter_binary_sha256": "0" * 64,
+        },
+    ),
 }
 
 
@@ -283,9 +292,10 @@ def test_malformed_driver_version_fails_validation(results: dict[str, Any]) -> N
     assert _package(results, "malformed_driver_after", "nvidia-smi") == (True, DEB_VERSION)
 
 
-def test_wrong_exporter_checksum_keeps_the_verified_binary(results: dict[str, Any]) -> None:
-    """A dcgm-exporter artifact whose sha256 differs from the pin is refused; the binary is unchanged."""
-    before = results["malformed_driver_after"]["files"][EXPORTER]["checksum"]
+def test_wrong_exporter_checksum_installs_no_binary(results: dict[str, Any]) -> None:
+    """A dcgm-exporter artifact (binary method, opt-in) whose sha256 differs from the pin is refused;
+    no binary is written (the lab's default package method never had one there)."""
+    assert not _exists(results, "malformed_driver_after", EXPORTER)
     output = _failure(results, "wrong_checksum")
     assert "checksum" in output.lower()
-    assert results["wrong_checksum_after"]["files"][EXPORTER]["checksum"] == before
+    assert not _exists(results, "wrong_checksum_after", EXPORTER)

@@ -213,23 +213,42 @@ def test_dcgm_pinned_held_enabled(host, package):
     assert not service.is_running
 
 
-def test_dcgm_exporter_binary_is_the_verified_artifact(host):
-    """The exporter binary is the artifact whose sha256 the role verified, root-owned and executable."""
-    binary = host.file("/usr/local/bin/dcgm-exporter")
-    assert (binary.user, binary.group) == ("root", "root") and binary.mode == 0o755
+EXPORTER_PACKAGE = "datacenter-gpu-manager-exporter"
+EXPORTER_UNIT = "nvidia-dcgm-exporter.service"
+EXPORTER_DROPIN = f"/etc/systemd/system/{EXPORTER_UNIT}.d/gpuforge.conf"
+
+
+def test_dcgm_exporter_package_is_the_pinned_release_held(host):
+    """The default method: NVIDIA's exporter package (fixture) at the pinned exporter release, held,
+    its binary the fixture stub."""
+    pkg = host.package(EXPORTER_PACKAGE)
+    assert pkg.is_installed
+    release = PINS["dcgm_exporter"]["version"].split("-", 1)[1]
+    assert pkg.version.split(":")[-1].startswith(release + "-")
+    assert _held(host, EXPORTER_PACKAGE)
+    binary = host.file("/usr/bin/dcgm-exporter")
     fixture = SCENARIO.parent.parent / "tests/fixtures/nvidia/files/dcgm-exporter-fixture"
     assert binary.sha256sum == hashlib.sha256(fixture.read_bytes()).hexdigest()
+    # No binary of the opt-in binary method, no gpuforge unit of the container/binary methods.
+    assert not host.file("/usr/local/bin/dcgm-exporter").exists
+    assert not host.file("/etc/systemd/system/dcgm-exporter.service").exists
 
 
-def test_dcgm_exporter_unit(host):
-    """The unit serves :9400 with the managed collectors file, is valid, enabled and not started."""
-    unit = host.file("/etc/systemd/system/dcgm-exporter.service")
-    assert (unit.user, unit.group) == ("root", "root") and unit.mode == 0o644
-    text = unit.content_string
-    assert "--address :9400" in text
-    assert "--collectors /etc/dcgm-exporter/default-counters.csv" in text
-    assert host.run("systemd-analyze verify /etc/systemd/system/dcgm-exporter.service").rc == 0
-    service = host.service("dcgm-exporter")
+def test_dcgm_exporter_unit_uses_the_hosts_engine(host):
+    """The package's unit, through gpuforge's drop-in, connects to nv-hostengine, serves :9400 with the
+    managed collectors file, is valid, enabled and not started (no GPU)."""
+    dropin = host.file(EXPORTER_DROPIN)
+    assert (dropin.user, dropin.group) == ("root", "root") and dropin.mode == 0o644
+    shown = host.check_output(f"systemctl show --property=ExecStart,Requires,After {EXPORTER_UNIT}")
+    assert "--remote-hostengine-info localhost:5555" in shown
+    assert "--address :9400" in shown
+    assert "--collectors /etc/dcgm-exporter/default-counters.csv" in shown
+    assert shown.count("argv[]=") == 1, "the package's own command line must be cleared"
+    requires = next(line for line in shown.splitlines() if line.startswith("Requires="))
+    assert "nvidia-dcgm.service" in requires.split("=", 1)[1].split()
+    # The package's unit file with its drop-ins, as systemd loads it.
+    assert host.run(f"systemd-analyze verify /lib/systemd/system/{EXPORTER_UNIT}").rc == 0
+    service = host.service("nvidia-dcgm-exporter")
     assert service.is_enabled
     assert not service.is_running
     assert not host.socket("tcp://0.0.0.0:9400").is_listening
@@ -256,7 +275,9 @@ def test_dcgm_report_says_hardware_checks_skipped(host):
     assert report["exporter"] == {
         "enabled": True,
         "version": PINS["dcgm_exporter"]["version"],
-        "install_method": "binary",
+        "install_method": "package",
+        "unit": "nvidia-dcgm-exporter.service",
+        "remote_hostengine": "localhost:5555",
         "port": 9400,
     }
     assert report["hardware_checks"] == {
