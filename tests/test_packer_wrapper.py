@@ -1,0 +1,80 @@
+"""The Packer wrapper's version gate and its check of customer-key region copies (issue 28)."""
+
+from __future__ import annotations
+
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from gpuforge.ami.packer import MODERN_MIN, MODERN_PLUGINS_FILE, Packer, check_copy_encryption
+from gpuforge.errors import UserError
+
+PACKER_DIR = Path(__file__).resolve().parents[1] / "packer"
+
+
+def _fake_packer(tmp_path: Path, version: str) -> Packer:
+    exe = tmp_path / "packer"
+    exe.write_text(f"#!/bin/sh\necho 'Packer v{version}'\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return Packer(str(exe))
+
+
+def test_modern_minimum_is_what_the_plugin_file_requires() -> None:
+    """The wrapper stages the plugin file only for a Packer that file accepts."""
+    text = (PACKER_DIR / MODERN_PLUGINS_FILE).read_text()
+    match = re.search(r'required_version\s*=\s*">=\s*(\d+)\.(\d+)\.(\d+)', text)
+    assert match is not None, text
+    assert tuple(int(g) for g in match.groups()) == MODERN_MIN
+
+
+@pytest.mark.parametrize(("version", "modern"), [("1.6.6", False), ("1.10.0", True), ("1.11.2", True)])
+def test_packer_generation(tmp_path: Path, version: str, modern: bool) -> None:
+    assert _fake_packer(tmp_path, version).modern is modern
+
+
+@pytest.mark.parametrize("version", ["1.7.0", "1.8.7", "1.9.5"])
+def test_packer_between_legacy_and_modern_is_refused(tmp_path: Path, version: str) -> None:
+    """1.7 to 1.9 reject the plugin file's required_version, so they must not get the modern staging."""
+    with pytest.raises(
+        UserError, match=rf"packer {re.escape(version)} .* is not supported: use Packer >= 1\.10\.0"
+    ):
+        _fake_packer(tmp_path, version).stage(PACKER_DIR, tmp_path / "work")
+
+
+def test_customer_key_copies_need_a_key_per_region() -> None:
+    variables = {
+        "kms_key_id": "arn:aws:kms:us-east-1:111122223333:key/abc",
+        "ami_regions": ["eu-west-1", "us-west-2"],
+    }
+    with pytest.raises(UserError, match=r"no key is given for the copy region\(s\) eu-west-1, us-west-2"):
+        check_copy_encryption(variables, modern=True, environ={})
+    partial = '{"eu-west-1": "arn:aws:kms:eu-west-1:111122223333:key/def"}'
+    with pytest.raises(UserError, match=r"copy region\(s\) us-west-2,"):
+        check_copy_encryption(variables, modern=True, environ={"PKR_VAR_region_kms_key_ids": partial})
+    keys = {"eu-west-1": "arn:aws:kms:eu-west-1:1:key/d", "us-west-2": "arn:aws:kms:us-west-2:1:key/e"}
+    check_copy_encryption({**variables, "region_kms_key_ids": keys}, modern=True, environ={})
+
+
+def test_customer_key_copies_are_refused_on_packer_1_6() -> None:
+    variables = {"kms_key_id": "alias/gpuforge", "ami_regions": ["eu-west-1"]}
+    with pytest.raises(UserError, match=r"needs Packer >= 1\.10\.0"):
+        check_copy_encryption(variables, modern=False, environ={})
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [{"kms_key_id": "", "ami_regions": ["eu-west-1"]}, {"kms_key_id": "alias/gpuforge", "ami_regions": []}],
+)
+def test_default_key_or_no_copies_need_nothing(variables: dict[str, object]) -> None:
+    check_copy_encryption(variables, modern=False, environ={})
+
+
+def test_build_checks_the_variables_before_running_packer(tmp_path: Path) -> None:
+    packer = _fake_packer(tmp_path, "1.11.2")
+    var_file = tmp_path / "vars.json"
+    var_file.write_text('{"kms_key_id": "alias/k", "ami_regions": ["eu-west-1"]}')
+    with pytest.raises(UserError, match="eu-west-1"):
+        packer.build(tmp_path, var_file, tmp_path / "packer.log")
+    assert not (tmp_path / "packer.log").exists()
