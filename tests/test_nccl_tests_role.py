@@ -1,0 +1,260 @@
+"""The nccl_tests role, the nccl-tests pin, its lab stand-in and the sbatch script that runs it.
+
+The role's decision (build, keep, rebuild, refuse) runs on the control host in check mode against a
+prepared directory per case (a record of an earlier build, the binary, an mpi.h), as
+test_aws_ofi_nccl_plan does: nothing on the control host changes. The stand-in source archive (TEST
+FIXTURE) is built with its own Makefile against the stand-in libnccl (tests/fixtures/nvidia/files/
+libnccl-standin.c) and its output goes through the parser and `gpuforge nccl-report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuforge import versions
+from gpuforge.artifacts import fixtures
+from gpuforge.nccl import cli as nccl_cli
+from gpuforge.nccl.evaluate import THRESHOLD
+from gpuforge.nccl.parse import parse
+from localplay import REPO, record, run_cases
+
+PINS = versions.load().components["nccl_tests"]
+PIN = str(PINS["version"])
+NCCL_PIN = versions.load().version("nccl")
+SBATCH = REPO / "scripts/slurm/nccl-allreduce.sbatch"
+ROLE = REPO / "roles/nccl_tests"
+
+
+def test_pin_is_a_hashed_tag_archive() -> None:
+    """versions.yml pins a 2.17+ release with the sha256 of GitHub's tag archive, which the role downloads."""
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", PIN)
+    assert tuple(int(n) for n in PIN.split(".")) >= (2, 17, 6)
+    assert re.fullmatch(r"[0-9a-f]{64}", str(PINS["sha256"]))
+    assert PINS["url_base"] == "https://github.com/NVIDIA/nccl-tests/archive/refs/tags"
+    assert PINS["provided_by"] == "gpuforge"
+    defaults = yaml.safe_load((ROLE / "defaults/main.yml").read_text())
+    assert defaults["nccl_tests_source_url"] == "{{ nccl_tests_url_base }}/v{{ nccl_tests_version }}.tar.gz"
+
+
+def test_bake_runs_the_role_right_after_nccl() -> None:
+    plays = yaml.safe_load((REPO / "playbooks/bake.yml").read_text())
+    roles = [r["role"] for r in plays[1]["roles"]]
+    assert roles.index("gpuforge.gpu.nccl_tests") == roles.index("gpuforge.gpu.nccl") + 1
+
+
+# --- the role's decision ------------------------------------------------------------------------
+
+SHA = str(PINS["sha256"])
+
+
+def _wanted(case_dir: Path, mpi_h: bytes) -> dict[str, str]:
+    return {
+        "version": PIN,
+        "sha256": SHA,
+        "nccl": NCCL_PIN,
+        "nccl_home": "/usr",
+        "cuda_home": str(case_dir / "cuda-13.0"),
+        "mpi_home": str(case_dir / "mpi"),
+        "mpi_h_sha1": hashlib.sha1(mpi_h).hexdigest(),  # noqa: S324 - what ansible's stat reports
+    }
+
+
+# case -> (record to leave, or None; binary present; mpi.h present; extra role variables)
+CASES: dict[str, tuple[dict[str, str] | None, bool, bool, dict[str, Any]]] = {
+    "fresh-host": (None, False, True, {}),
+    "same-build": ({}, True, True, {}),
+    "nccl-changed": ({"nccl": "2.27.7"}, True, True, {}),
+    "cuda-changed": ({"cuda_home": "/usr/local/cuda-12.8"}, True, True, {}),
+    "binary-gone": ({}, False, True, {}),
+    "newer-other-inputs": ({"version": "9.0.0", "nccl": "2.27.7"}, True, True, {}),
+    "no-mpi": (None, False, False, {}),
+    "bad-version": (None, False, True, {"nccl_tests_version": "latest"}),
+    "bad-sha": (None, False, True, {"nccl_tests_source_sha256": "abc"}),
+}
+EXPECTED: dict[str, tuple[str, bool] | str] = {
+    "fresh-host": ("install", True),
+    "same-build": ("keep", False),
+    "nccl-changed": ("keep", True),
+    "cuda-changed": ("keep", True),
+    "binary-gone": ("install", True),
+    "newer-other-inputs": "gpuforge never downgrades",
+    "no-mpi": "include/mpi.h does not exist",
+    "bad-version": "must be exact nccl-tests releases",
+    "bad-sha": "is not a sha256",
+}
+
+
+def _prepare(root: Path, case: str) -> dict[str, str]:
+    base = root / case
+    recorded, binary, mpi, _ = CASES[case]
+    (base / "cuda-13.0").mkdir(parents=True)
+    (base / "cuda").symlink_to(base / "cuda-13.0")
+    (base / "prefix/build").mkdir(parents=True)
+    mpi_h = b"/* TEST FIXTURE: only its checksum is read */\n"
+    if mpi:
+        (base / "mpi/include").mkdir(parents=True)
+        (base / "mpi/include/mpi.h").write_bytes(mpi_h)
+    if binary:
+        (base / "prefix/build/all_reduce_perf").write_text("#!/bin/sh\n")
+        (base / "prefix/build/all_reduce_perf").chmod(0o755)
+    if recorded is not None:
+        (base / "prefix/gpuforge-build.json").write_text(json.dumps({**_wanted(base, mpi_h), **recorded}))
+    return {
+        "nccl_tests_prefix": str(base / "prefix"),
+        "nccl_tests_cuda_home": str(base / "cuda"),
+        "nccl_tests_mpi_home": str(base / "mpi"),
+        "nccl_tests_nccl_home": "/usr",
+    }
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("nccl-tests-plan")
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for case, (_, _, _, extra) in CASES.items():
+        role_vars = {**_prepare(root, case), **extra}
+        cases[case] = [
+            {
+                "ansible.builtin.include_role": {"name": "gpuforge.gpu.nccl_tests", "tasks_from": task},
+                "vars": role_vars,
+            }
+            for task in ("validate.yml", "install.yml")
+        ] + [
+            record(
+                case,
+                {
+                    "action": "{{ gpuforge_reality.nccl_tests.action }}",
+                    "build": "{{ _nccl_tests_build_needed | bool }}",
+                    "source": "{{ gpuforge_reality.nccl_tests.source }}",
+                },
+            )
+        ]
+    play_vars = {
+        "gpuforge_instance_type": "p5.48xlarge",
+        "gpuforge_common_imds_enabled": False,
+        "gpuforge_common_manifest_enabled": False,
+    }
+    return run_cases(tmp_path_factory.mktemp("nccl-tests-play"), cases, play_vars)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_build_decision(outcomes: dict[str, Any], case: str) -> None:
+    """Build on a fresh host or a missing binary; keep a build of the same inputs; rebuild when the NCCL or
+    CUDA it was built against changed; refuse a newer build of other inputs and bad or missing inputs."""
+    got = outcomes[case]
+    expected = EXPECTED[case]
+    if isinstance(expected, str):
+        assert isinstance(got, str), f"{case} did not fail: {got}"
+        assert expected in got
+        return
+    action, build = expected
+    assert got == {"action": action, "build": build, "source": "gpuforge"} or (
+        # keep: the source stays what the previous manifest said (none here: base_image by default).
+        action == "keep" and got == {"action": action, "build": build, "source": "base_image"}
+    )
+
+
+# --- the lab's stand-in source archive ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in archive unpacked, a stand-in libnccl of the NCCL pin under an NCCL_HOME, an mpi.h."""
+    if shutil.which("cc") is None or shutil.which("make") is None:
+        pytest.skip("needs cc and make")
+    root = tmp_path_factory.mktemp("nccl-tests-standin")
+    archive = root / f"v{PIN}.tar.gz"
+    fixtures.nccl_tests_source_tarball(archive, PIN)
+    with tarfile.open(archive) as tar:
+        assert {m.name.split("/")[0] for m in tar.getmembers()} == {f"nccl-tests-{PIN}"}
+        tar.extractall(root, filter="data")
+    major, minor, patch = (int(n) for n in NCCL_PIN.split("."))
+    (root / "nccl/lib").mkdir(parents=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            f"-DNCCL_VERSION_CODE={major * 10000 + minor * 100 + patch}",
+            "-Wl,-soname,libnccl.so.2",
+            "-o",
+            str(root / "nccl/lib/libnccl.so.2"),
+            str(REPO / "tests/fixtures/nvidia/files/libnccl-standin.c"),
+        ],
+        check=True,
+    )
+    (root / "mpi/include").mkdir(parents=True)
+    (root / "mpi/include/mpi.h").write_text("/* TEST FIXTURE */\n")
+    return root
+
+
+def _make(src: Path, root: Path, mpi_home: Path) -> subprocess.CompletedProcess[str]:
+    argv = ["make", "MPI=1", f"MPI_HOME={mpi_home}", "CUDA_HOME=/nonexistent", f"NCCL_HOME={root / 'nccl'}"]
+    return subprocess.run(argv, cwd=src, capture_output=True, text=True, check=False)
+
+
+def test_standin_refuses_mpi_without_mpi_h(standin: Path) -> None:
+    run = _make(standin / f"nccl-tests-{PIN}", standin, standin / "no-mpi")
+    assert run.returncode != 0
+    assert "include/mpi.h does not exist" in run.stderr
+
+
+def test_standin_output_is_read_by_nccl_report(standin: Path, tmp_path: Path) -> None:
+    """Two ranks of the stand-in, as srun prints them into one log: one table, both ranks' devices,
+    the pinned version in the banner; nccl-report judges it against the p5 baseline and fails it (it ran
+    nothing: its bus bandwidth comes from a fixed one-second time)."""
+    src = standin / f"nccl-tests-{PIN}"
+    run = _make(src, standin, standin / "mpi")
+    assert run.returncode == 0, run.stderr
+    binary = src / "build/all_reduce_perf"
+    argv = [str(binary), "-b", "8", "-e", "8G", "-f", "2", "-g", "1", "-c", "1", "-n", "5"]
+    log = ""
+    for rank in (1, 0):
+        env = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "PATH": "/usr/bin:/bin"}
+        log += subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert f"# nccl-tests version {PIN} " in log
+    (result,) = parse(log, "standin.log")
+    assert result.complete and result.collective == "all_reduce"
+    assert [d.rank for d in result.devices] == [1, 0]
+    assert len(result.rows) == 31 and result.rows[-1].size_bytes == 8 << 30
+    assert all(r.out_of_place.wrong is None for r in result.rows)
+    (tmp_path / "standin.log").write_text(log)
+    code = nccl_cli.handle(
+        argparse.Namespace(
+            logs=[tmp_path / "standin.log"],
+            instance_type="p5.48xlarge",
+            nodes=2,
+            collective=None,
+            baseline=None,
+            threshold=THRESHOLD,
+            out=tmp_path / "report",
+        )
+    )
+    assert code == 1
+    report = (tmp_path / "report/report.md").read_text()
+    assert "FAIL" in report and "2 nodes" in report
+
+
+# --- the sbatch script -----------------------------------------------------------------------------
+
+
+def test_sbatch_runs_what_the_role_installs() -> None:
+    """The script's default binary is where the role installs it, and it passes shellcheck."""
+    defaults = yaml.safe_load((ROLE / "defaults/main.yml").read_text())
+    text = SBATCH.read_text()
+    assert f"NCCL_TESTS_BIN:-{defaults['nccl_tests_prefix']}/build/all_reduce_perf" in text
+    assert "roles/nccl_tests" in text
+    if shutil.which("shellcheck"):
+        subprocess.run(["shellcheck", "-s", "bash", str(SBATCH)], check=True)
