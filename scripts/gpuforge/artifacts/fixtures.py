@@ -12,6 +12,7 @@ afterwards. No real key or secret is involved. The layout mirrors https://efa-in
     efa-badsig/ ...                                                  signature over other bytes
     efa-wrongkey/ ...                                                signed by a second, unpinned key
     wheels/NAME.whl                                                  links to the given wheels
+    test-doubles/torch-V+BUILD-...whl                                TEST DOUBLE of the pinned PyTorch wheel
     fixture.json                                                     hashes and the key fingerprint
 
 and, mirroring https://github.com/aws/aws-ofi-nccl/releases/download, a stand-in source tarball of
@@ -19,6 +20,13 @@ the pinned aws-ofi-nccl release for the aws_ofi_nccl role's build (tests/fixture
 a configure script and a Makefile that compile ofi-nccl-standin.c at that version):
 
     ofi/vV/aws-ofi-nccl-V.tar.gz                                     its sha512 in fixture.json
+
+and, mirroring https://github.com/NVIDIA/nccl-tests/archive/refs/tags, a stand-in source archive of the
+pinned nccl-tests release for the nccl_tests role's build (tests/fixtures/artifacts/nccl-tests/: a
+Makefile taking nccl-tests' MPI, MPI_HOME, CUDA_HOME and NCCL_HOME that compiles a C program printing
+all_reduce_perf's output format; lab hosts have no CUDA compiler):
+
+    nccl-tests/vV.tar.gz                                             its sha256 in fixture.json
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpuforge import paths, versions
+from gpuforge.artifacts import torchdouble
 from gpuforge.errors import ExternalError, UserError
 
 FIXTURE_UID = "gpuforge TEST FIXTURE signing key (not an AWS key) <test-fixture@gpuforge.invalid>"
@@ -55,6 +64,10 @@ def ofi_source() -> Path:
     return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "ofi" / "aws-ofi-nccl"
 
 
+def nccl_tests_source() -> Path:
+    return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "nccl-tests" / "nccl-tests"
+
+
 @dataclass
 class Fixtures:
     root: str
@@ -67,7 +80,13 @@ class Fixtures:
     ofi_version: str
     ofi_tarball: str  # relative to root
     ofi_sha512: str
+    nccl_tests_version: str = ""
+    nccl_tests_tarball: str = ""  # relative to root
+    nccl_tests_sha256: str = ""
     wheels: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    # The PyTorch wheel TEST DOUBLE with versions.yml's identity (gpuforge.artifacts.torchdouble):
+    # file (under test-doubles/) and sha256, what the lab's pytorch_wheel_url and _sha256 point at.
+    torch_double: dict[str, str] = field(default_factory=dict)
 
 
 def sha256_file(path: Path) -> str:
@@ -185,6 +204,20 @@ def _ofi_source_tarball(dest: Path, version: str) -> None:
     _tarball(dest, f"aws-ofi-nccl-{version}", members)
 
 
+def nccl_tests_source_tarball(dest: Path, version: str) -> None:
+    """The stand-in nccl-tests source under the tag archive's top-level directory (nccl-tests-V):
+    its Makefile builds all_reduce_perf-standin.c, which prints `version` in its banner."""
+    members = [
+        (
+            path.name,
+            path.read_bytes().replace(b"@NCCL_TESTS_VERSION@", version.encode()),
+            path.stat().st_mode & 0o777,
+        )
+        for path in sorted(nccl_tests_source().iterdir())
+    ]
+    _tarball(dest, f"nccl-tests-{version}", members)
+
+
 def _installer_tarball(dest: Path, version: str, plugin: bytes) -> None:
     """The stand-in installer under the real tarball's top-level directory, with fixed metadata."""
     members = [
@@ -215,6 +248,9 @@ def build(
     source_version = aws_ofi_nccl or pins.version("aws_ofi_nccl")
     ofi_tarball = f"ofi/v{source_version}/aws-ofi-nccl-{source_version}.tar.gz"
     _ofi_source_tarball(out / ofi_tarball, source_version)
+    nccl_tests_version = pins.version("nccl_tests")
+    nccl_tests_tarball = f"nccl-tests/v{nccl_tests_version}.tar.gz"
+    nccl_tests_source_tarball(out / nccl_tests_tarball, nccl_tests_version)
     name = f"aws-efa-installer-{efa_version}.tar.gz"
     good, badsig, wrongkey = out / "efa", out / "efa-badsig", out / "efa-wrongkey"
     for directory in (good, badsig, wrongkey):
@@ -249,6 +285,9 @@ def build(
             ofi_version=source_version,
             ofi_tarball=ofi_tarball,
             ofi_sha512=sha512_file(out / ofi_tarball),
+            nccl_tests_version=nccl_tests_version,
+            nccl_tests_tarball=nccl_tests_tarball,
+            nccl_tests_sha256=sha256_file(out / nccl_tests_tarball),
         )
     finally:
         signer.close()
@@ -263,6 +302,8 @@ def build(
         link.unlink(missing_ok=True)
         link.symlink_to(wheel.resolve())
         fixtures.wheels[wheel.name] = sha256_file(wheel)
+    double = torchdouble.build(out / torchdouble.DIRECTORY, torchdouble.pinned(pins))
+    fixtures.torch_double = {"file": double.name, "sha256": sha256_file(double)}
     (out / "fixture.json").write_text(json.dumps(asdict(fixtures), indent=2) + "\n")
     return fixtures
 
