@@ -394,7 +394,7 @@ def test_pcluster_twin_keeps_the_parallelcluster_marker_and_tags(
 
 # One role, on one twin, after the bakes: the cases that need the host changed first.
 
-OTHER_ROLES = "nvidia_driver,efa,nccl,aws_ofi_nccl,dcgm,pytorch"
+OTHER_ROLES = "nvidia_driver,efa,nccl,aws_ofi_nccl,nccl_tests,dcgm,pytorch"
 TOOLKIT_PACKAGES = (
     "nvidia-container-toolkit",
     "nvidia-container-toolkit-base",
