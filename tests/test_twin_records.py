@@ -29,6 +29,7 @@ COMPONENTS = {
     "dcgm",
     "gdrcopy",
     "nvidia_container_toolkit",
+    "docker",
 }
 TWINS = twinlab.names()
 needs_build_tools = pytest.mark.skipif(
@@ -60,13 +61,43 @@ def test_recorded_versions_are_exact_releases(name: str) -> None:
     for component, value in twinlab.load(name).record["components"].items():
         if value is None:
             continue
-        versions = [value["version"]] if "version" in value else value["versions"]
+        # A component whose own release the notes do not give (Docker on Ubuntu 22.04) records only
+        # the packages they name; every version it does record must still be exact.
+        versions = [value["version"]] if "version" in value else list(value.get("versions", []))
         versions += list((value.get("packages") or {}).values())
+        assert versions, component
         for version in versions:
             assert re.match(r"^([0-9]+:)?[0-9]+(\.[0-9]+)+(-[0-9A-Za-z.+~]+)?$", str(version)), (
                 component,
                 version,
             )
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_record_is_of_the_x86_64_image_and_names_its_kernel(name: str) -> None:
+    """gpuforge's targets are x86_64 (data/instance_types.yml): a twin records that image, its kernel
+    (or says in gaps that no source gives it), and uses an aarch64 page only as a declared stand-in."""
+    base = twinlab.load(name).record["base"]
+    assert base["architecture"] == "x86_64"
+    gaps = " ".join(base.get("gaps") or [])
+    if base["kernel"] is None:
+        assert "kernel" in gaps
+    else:
+        assert re.match(r"^[0-9]+\.[0-9]+\.[0-9]+-[0-9]+-aws$", base["kernel"]), base["kernel"]
+    for source in base["sources"]:
+        if "arm64" in source or "aarch64" in source:
+            assert source in gaps, f"{source}: an aarch64 source must be declared under gaps"
+
+
+def test_docker_is_recorded_where_the_release_notes_show_it() -> None:
+    """The DLAMI ships Docker CE (its notes list docker-ce-* updates); the ParallelCluster cookbook
+    installs no Docker, so that twin carries none and the toolkit's engine decisions see both cases."""
+    for name in TWINS:
+        twin = twinlab.load(name)
+        docker = twin.component("docker")
+        assert (docker is not None) == (twin.flavor == "dlami"), name
+        if docker is not None:
+            assert any(package.startswith("docker-") for package in docker["packages"])
 
 
 def test_pcluster_twin_matches_the_cli_release_it_is_for() -> None:
@@ -145,7 +176,7 @@ def test_dummy_packages_carry_the_recorded_versions(tmp_path: Path) -> None:
     out = twinlab.overlay(twin, "6.8.0-twin", tmp_path)
     recorded = {
         name: version
-        for component in ("nvidia_fabricmanager", "dcgm", "gdrcopy", "nvidia_container_toolkit")
+        for component in twinlab.PACKAGED
         for name, version in (twin.component(component) or {"packages": {}})["packages"].items()
     }
     assert {name: version for name, (version, _) in out.packages.items()} == recorded
@@ -157,6 +188,25 @@ def test_dummy_packages_carry_the_recorded_versions(tmp_path: Path) -> None:
     assert fields.stdout.strip() == "1:4.7.0-1"
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     assert "./lib/systemd/system/nvidia-dcgm.service" in listing and twinlab.MARKER in listing
+
+
+@needs_build_tools
+def test_pcluster_twin_carries_the_cookbooks_nvidia_unit(tmp_path: Path) -> None:
+    """The cookbook's parallelcluster_nvidia.service (since 3.6.1) is on the twin, so the nvidia_driver
+    role meets it as on a ParallelCluster GPU node; the DLAMI twins have no such unit."""
+    for name in TWINS:
+        twin = twinlab.load(name)
+        work = tmp_path / name
+        work.mkdir()
+        out = twinlab.overlay(twin, "6.8.0-twin", work)
+        path = "etc/systemd/system/parallelcluster_nvidia.service"
+        assert (path in out.files) == (twin.flavor == "pcluster"), name
+        if path in out.files:
+            unit, mode = out.files[path]
+            lines = unit.decode().splitlines()
+            assert "ExecStart=/usr/bin/nvidia-persistenced --user root" in lines
+            assert "WantedBy=multi-user.target" in lines and mode == 0o644
+            assert twinlab.MARKER in unit.decode()
 
 
 def test_twin_code_stays_out_of_the_shipped_package() -> None:

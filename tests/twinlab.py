@@ -39,8 +39,9 @@ MARKER = "GPUFORGE-TWIN"  # in every file a twin adds, so no one mistakes it for
 MODULE_DIR = "lib/modules/{kernel}/updates/dkms"
 
 
-# The components a record lists as dpkg packages (name -> version).
-PACKAGED = ("nvidia_fabricmanager", "dcgm", "gdrcopy", "nvidia_container_toolkit")
+# The components a record lists as dpkg packages (name -> version). Docker's are dpkg entries only:
+# no dockerd stub, since a twin has no engine to register the NVIDIA runtime with or to restart.
+PACKAGED = ("nvidia_fabricmanager", "dcgm", "gdrcopy", "nvidia_container_toolkit", "docker")
 
 
 def names() -> list[str]:
@@ -131,6 +132,9 @@ def overlay(twin: Twin, kernel: str, workdir: Path) -> Overlay:
     if pcluster:
         # The cookbook's bootstrap check reads this marker (entrypoints.rb).
         out.add("/opt/parallelcluster/.bootstrapped", pcluster["marker"] + "\n")
+        # Units the cookbook writes on a GPU node (parallelcluster_nvidia.service), marked as twins'.
+        for path, unit in (pcluster.get("units") or {}).items():
+            out.add(path, f"# {MARKER}: as the recorded base image carries it.\n{unit}")
     return out
 
 
