@@ -14,6 +14,7 @@ phase on bare hosts by molecule/stack, test_twins and the bake itself.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -27,8 +28,11 @@ import pytest
 
 import goldenlab
 import labtools
+from gpuforge import cli as gpuforge_cli
+from gpuforge import versions
 from gpuforge.lab import core as lab_core
 from gpuforge.lab.host import ssh_options
+from gpuforge.nccl.parse import parse as parse_nccl
 from labtools import LAB_MARKS, REPO, gpuforge, lab_up, recap
 
 LAB = labtools.lab_name("fleet")
@@ -108,6 +112,53 @@ def test_sbatch_job_sees_the_nccl_environment(cluster: dict[str, Any], index: in
     assert any(line.startswith("NCCL_SOCKET_IFNAME=") for line in tuned)
     assert any(line.startswith("NCCL_DEBUG=") for line in tuned)
     assert tuned <= job_env
+
+
+def test_nccl_allreduce_sbatch_runs_the_baked_nccl_tests(cluster: dict[str, Any], tmp_path: Path) -> None:
+    """The golden image carries nccl-tests as the nccl_tests role built it in the bake (from the lab's
+    stand-in source, a TEST FIXTURE: lab hosts have no GPU and no CUDA compiler; that a rerun changes
+    nothing is test_ami_local_bake's install-phase rerun). scripts/slurm/nccl-allreduce.sbatch launches
+    it with srun --mpi=pmix over both compute nodes and `gpuforge nccl-report` judges the log.
+
+    Lab overrides, on the sbatch command line and nothing else: one task per node, and the
+    --gpus-per-node directive dropped (lab nodes have no GPU gres). The stand-in takes its rank from
+    srun's environment, not from MPI: the PMIx wire-up of a real MPI program is not shown here."""
+    head, nodes = cluster["head"], cluster["compute"]
+    pin = versions.load().version("nccl_tests")
+    for node in nodes:
+        assert json.loads(on(node, "cat /opt/nccl-tests/gpuforge-build.json"))["version"] == pin
+        on(node, "test -x /opt/nccl-tests/build/all_reduce_perf")
+    script = "\n".join(
+        line
+        for line in (REPO / "scripts/slurm/nccl-allreduce.sbatch").read_text().splitlines()
+        if not line.startswith("#SBATCH --gpus-per-node")
+    )
+    encoded = base64.b64encode(f"{script}\n".encode()).decode()
+    on(head, f"echo {encoded} | base64 -d > /tmp/nccl-allreduce.sbatch")
+    submitted = on(
+        head,
+        f"sbatch --parsable --wait --nodes=2 --ntasks-per-node=1 -w {','.join(nodes)} --chdir=/tmp "
+        "-o /tmp/nccl-%j.out --export=ALL,NCCL_MAX_BYTES=8G,NCCL_ITERS=5 /tmp/nccl-allreduce.sbatch",
+    )
+    job_id = submitted.strip().split(";")[0]
+    state = job(head, job_id)
+    log = on(state["BatchHost"], f"cat /tmp/nccl-{job_id}.out")
+    assert state["JobState"] == "COMPLETED", log[-3000:]
+    assert f"# nccl-tests version {pin} " in log
+    (run,) = parse_nccl(log, "lab")
+    assert run.complete and len(run.hosts) == 2
+    (tmp_path / "nccl.out").write_text(log)
+    argv = [
+        "nccl-report",
+        str(tmp_path / "nccl.out"),
+        "--instance-type",
+        "p5.48xlarge",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    # It ran no collective: its bus bandwidth (from a fixed one-second time) fails the p5 baseline.
+    assert gpuforge_cli.main(argv) == 1
+    assert "2 nodes" in (tmp_path / "r/report.md").read_text()
 
 
 def test_second_run_changes_nothing(cluster: dict[str, Any]) -> None:
