@@ -47,12 +47,19 @@ def cloudformation_template(
             },
         },
         # The instance profile Packer attaches to the builder (`--iam-instance-profile`); the
-        # policy's iam:PassRole covers only gpuforge-builder* names. It grants the builder nothing.
+        # policy's iam:PassRole covers only gpuforge-builder* names. It grants the builder only what
+        # Packer's Session Manager tunnel needs (ssh_interface = "session_manager" in the template):
+        # AWS's managed AmazonSSMManagedInstanceCore, which Packer names for it (hashicorp/packer v1.6.6
+        # builder/amazon/common/run_config.go:544) and AWS documents for Session Manager
+        # (https://docs.aws.amazon.com/systems-manager/latest/userguide/setup-instance-permissions.html).
         "BuilderRole": {
             "Type": "AWS::IAM::Role",
             "Properties": {
                 "RoleName": {"Fn::Sub": "gpuforge-builder-${AWS::Region}"},
                 "AssumeRolePolicyDocument": _trust({"Service": "ec2.amazonaws.com"}, "sts:AssumeRole"),
+                "ManagedPolicyArns": [
+                    {"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/AmazonSSMManagedInstanceCore"}
+                ],
             },
         },
         "BuilderInstanceProfile": {
