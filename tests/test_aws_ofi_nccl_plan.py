@@ -35,6 +35,7 @@ ARCH_LIB = f"lib/{platform.machine()}-linux-gnu"
 pytestmark = pytest.mark.slow
 
 # case -> (bundled library relative to the prefix, its version, CUDA headers?, aws_ofi_nccl_source)
+# The image's targets are the host's type (p5.48xlarge, with EFA) unless TARGETS names others.
 CASES: dict[str, tuple[str | None, str | None, bool, str]] = {
     "bundle-pre-1.44-layout": (f"{ARCH_LIB}/libnccl-net.so", PIN, False, "auto"),
     "bundle-1.44-layout": ("lib/libnccl-net-ofi.so", PIN, False, "auto"),
@@ -47,7 +48,11 @@ CASES: dict[str, tuple[str | None, str | None, bool, str]] = {
     "forced-build-with-bundle": (f"{ARCH_LIB}/libnccl-net.so", PIN, True, "build"),
     "required-bundle-mismatch": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", True, "bundled"),
     "forced-build-no-cuda": (None, None, False, "build"),
+    "other-bundle-no-cuda-efa-target": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", False, "auto"),
+    "no-bundle-no-cuda-efa-target": (None, None, False, "auto"),
 }
+# Targets without EFA (c5n.large): there NCCL has no EFA to use, and a skip is no loss.
+TARGETS = {"other-bundle-no-cuda": "c5n.large", "no-bundle-no-cuda": "c5n.large"}
 
 # case -> (plan, bundled version seen, library directory relative to the prefix) or a failure
 EXPECTED: dict[str, tuple[str, str, str] | str] = {
@@ -63,6 +68,9 @@ EXPECTED: dict[str, tuple[str, str, str] | str] = {
     "forced-build-with-bundle": ("build", PIN, ARCH_LIB),
     "required-bundle-mismatch": f"holds aws-ofi-nccl 1.9.1, not {FLOOR} or newer",
     "forced-build-no-cuda": "aws_ofi_nccl_source is 'build' but there is no CUDA toolkit",
+    # On a type with EFA NCCL would fall back to TCP: the bake stops.
+    "other-bundle-no-cuda-efa-target": "p5.48xlarge have EFA, but this host has no aws-ofi-nccl",
+    "no-bundle-no-cuda-efa-target": "NCCL would fall back to TCP sockets",
 }
 
 
@@ -95,6 +103,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for case, (_, _, _, source) in CASES.items():
         dirs = _prepare(root, case, plugins)
         cases[case] = [
+            # The image's targets, as gpuforge_common publishes them (it runs once, for the first case,
+            # with the host's own type: p5.48xlarge, the first case's target too).
+            {"ansible.builtin.set_fact": {"gpuforge_targets": [TARGETS.get(case, "p5.48xlarge")]}},
             {
                 "ansible.builtin.include_role": {
                     "name": "gpuforge.gpu.aws_ofi_nccl",
