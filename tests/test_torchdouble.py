@@ -1,8 +1,9 @@
-"""The TEST DOUBLE of PyTorch's CPU wheel (tests/torchdouble.py) passes what the pytorch role reads."""
+"""The TEST DOUBLE of the pinned PyTorch wheel (gpuforge.artifacts.torchdouble) passes what the role reads."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,9 +13,10 @@ import pytest
 import yaml
 
 import torchdouble
+from gpuforge.artifacts import fixtures
 
-REAL = Path("/opt/wheels") / torchdouble.FILE_NAME
 REPO = Path(__file__).resolve().parents[1]
+PINS = yaml.safe_load((REPO / "versions.yml").read_text())["gpuforge_versions"]
 
 
 def _unpacked(tmp_path: Path) -> Path:
@@ -26,24 +28,45 @@ def _unpacked(tmp_path: Path) -> Path:
     return site
 
 
-def test_the_role_reads_the_pin_and_a_cpu_build_from_the_double(tmp_path: Path) -> None:
-    """The pytorch role's own version read and verify probe, run against the unpacked double."""
+def _run(code: str, site: Path) -> str:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(site)},
+    ).stdout
+
+
+def test_the_double_is_named_as_the_pinned_cuda_wheel(tmp_path: Path) -> None:
+    """The file name the pytorch role's pin check reads: versions.yml's release and CUDA build."""
+    wheel = torchdouble.build(tmp_path)
+    pinned = f"{PINS['pytorch']['version']}+{PINS['pytorch']['cuda_build']}"
+    assert wheel.name == f"torch-{pinned}-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert pinned == torchdouble.VERSION
+
+
+def test_the_role_reads_the_pinned_cuda_build_and_nccl_from_the_double(tmp_path: Path) -> None:
+    """The pytorch role's own version read and verify probe, run against the unpacked double: what its
+    verify step asserts for a CUDA build (the pinned version and NCCL) holds."""
     site = _unpacked(tmp_path)
     tasks = yaml.safe_load((REPO / "roles/pytorch/tasks/verify.yml").read_text())
-    probe = tasks[0]["ansible.builtin.command"]["argv"][2]
-    env = {"PYTHONPATH": str(site)}
-    found = json.loads(
-        subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
-        ).stdout
-    )
-    assert found["torch"] == torchdouble.VERSION
-    assert (found["cuda_build"], found["cuda_available"], found["nccl"]) == (None, False, None)
+    found = json.loads(_run(tasks[0]["ansible.builtin.command"]["argv"][2], site))
+    cuda_build = PINS["pytorch"]["cuda_build"]  # cu130 -> CUDA 13.0
+    assert found == {
+        "torch": f"{PINS['pytorch']['version']}+{cuda_build}",
+        "cuda_build": f"{int(cuda_build[2:-1])}.{cuda_build[-1]}",
+        "cuda_available": False,
+        "nccl": PINS["nccl"]["version"],
+        "python": "python3.11",
+    }
     read = "import importlib.metadata as m; print(m.version('torch'))"  # roles/pytorch/tasks/install.yml
-    version = subprocess.run(
-        [sys.executable, "-c", read], capture_output=True, text=True, check=True, env=env
-    )
-    assert version.stdout.strip() == torchdouble.VERSION
+    assert _run(read, site).strip() == torchdouble.VERSION
+
+
+def test_the_double_says_it_is_one(tmp_path: Path) -> None:
+    site = _unpacked(tmp_path)
+    assert "TEST DOUBLE" in _run("import torch; print(torch.__doc__, torch.version.git_version)", site)
 
 
 def test_the_double_is_the_same_bytes_every_time(tmp_path: Path) -> None:
@@ -51,20 +74,20 @@ def test_the_double_is_the_same_bytes_every_time(tmp_path: Path) -> None:
     assert torchdouble.sha256(torchdouble.build(tmp_path / "b")) == first
 
 
-@pytest.mark.skipif(not REAL.is_file(), reason=f"the real wheel {REAL} is absent")
-def test_the_double_keeps_what_was_recorded_from_the_real_wheel(tmp_path: Path) -> None:
-    double = torchdouble.build(tmp_path)
-    assert double.name == REAL.name
-    dist_info = f"torch-{torchdouble.VERSION}.dist-info"
-    with zipfile.ZipFile(REAL) as real, zipfile.ZipFile(double) as fake:
-        for member in (f"{dist_info}/WHEEL", f"{dist_info}/METADATA"):
-            fields = ("Tag:", "Name:", "Version:", "Root-Is-Purelib:")
-            assert [line for line in fake.read(member).decode().splitlines() if line.startswith(fields)] == [
-                line for line in real.read(member).decode().splitlines() if line.startswith(fields)
-            ]
-        real_version: dict[str, object] = {}
-        fake_version: dict[str, object] = {}
-        exec(real.read("torch/version.py").decode(), real_version)  # noqa: S102 - a recorded file, read here
-        exec(fake.read("torch/version.py").decode(), fake_version)  # noqa: S102
-        for key in ("__version__", "cuda", "git_version"):
-            assert fake_version[key] == real_version[key], key
+@pytest.mark.skipif(shutil.which("gpg") is None, reason="the fixtures are signed with gpg")
+def test_every_lab_serves_the_double_and_records_it(tmp_path: Path) -> None:
+    """gpuforge.artifacts.fixtures (what `gpuforge lab up` and Molecule's stack scenario run) serves the
+    double under test-doubles/ and records its file and sha256 in fixture.json."""
+    built = fixtures.build(tmp_path, "9.8.7")
+    record = json.loads((tmp_path / "fixture.json").read_text())
+    served = tmp_path / "test-doubles" / torchdouble.FILE_NAME
+    assert (
+        record["torch_double"]
+        == built.torch_double
+        == {
+            "file": torchdouble.FILE_NAME,
+            "sha256": torchdouble.sha256(served),
+        }
+    )
+    (tmp_path / "work").mkdir()
+    assert torchdouble.bake_vars(str(tmp_path), tmp_path / "work").is_file()
