@@ -204,7 +204,7 @@ def _failure_play(results: Path) -> list[dict[str, Any]]:
             "hosts": "nvidia-compute",
             "become": True,
             "vars_files": [
-                str(SCENARIO.parent.parent / "inventory/group_vars/gpuforge_lab/nvidia_fixtures.yml")
+                str(SCENARIO.parent.parent / "inventory/group_vars/gpuforge_lab/artifacts.yml")
             ],
             "vars": {"_negative_results": {}},
             "tasks": tasks,

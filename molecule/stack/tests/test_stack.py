@@ -1,8 +1,9 @@
 """Verifier for the stack roles (efa, nccl, aws_ofi_nccl, pytorch) on a lab host: real state only.
 
 The EFA installer the host ran is the signed TEST FIXTURE from tests/fixtures/artifacts (it records
-what it was asked to do); everything else is real: Debian's RDMA packages, NVIDIA's NCCL library,
-PyTorch's CPU wheel. The host has no GPU and no EFA device.
+what it was asked to do) and torch is the TEST DOUBLE of the pinned CUDA wheel
+(gpuforge.artifacts.torchdouble: its identity, no CUDA kernels); everything else is real: Debian's RDMA
+packages, NVIDIA's NCCL library. The host has no GPU and no EFA device.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def test_efa_fixture_installer_ran_once_with_the_role_flags(host):
     assert record["fixture"] is True
     assert record["version"] == PINS.version("efa_installer")
     assert record["runs"] == 1
-    assert record["skip_kmod"] is True  # converge sets efa_installer_skip_kmod
+    assert record["skip_kmod"] is True  # the role's default (auto): a lab host is a container
     assert record["no_verify"] is True  # no EFA device on the host
     assert record["skip_limit_conf"] is True  # the role writes the memlock limit itself
     assert record["args"].split()[0] == "-y"
@@ -148,15 +149,15 @@ def test_aws_ofi_nccl_uses_the_bundled_plugin(host):
     assert not host.file("/opt/aws-ofi-nccl").exists
 
 
-def test_torch_imports_and_says_it_has_no_nccl(host):
-    """The venv's torch imports at the lab pin; a CPU build has no CUDA, so no NCCL version exists."""
-    out = host.check_output(
-        '/opt/gpuforge/pytorch/bin/python -c "import torch; print(torch.__version__, '
-        "torch.cuda.nccl.version() if torch.cuda.is_available() else 'no CUDA')\""
-    )
-    assert out.strip() == "2.13.0+cpu no CUDA"
+def test_torch_imports_at_the_production_pin_with_its_nccl(host):
+    """The venv's torch is versions.yml's release and CUDA build (the TEST DOUBLE of that wheel), and
+    the role recorded the CUDA release and the pinned NCCL it reports; no GPU is available."""
+    pytorch = PINS.components["pytorch"]
+    pinned = f"{pytorch['version']}+{pytorch['cuda_build']}"
+    out = host.check_output('/opt/gpuforge/pytorch/bin/python -c "import torch; print(torch.__version__)"')
+    assert out.strip() == pinned
     record = json.loads(host.file("/etc/gpuforge/pytorch.json").content_string)
-    assert record["torch"] == "2.13.0+cpu"
-    assert record["cuda_build"] is None
-    assert record["nccl"] is None
+    assert record["torch"] == pinned
+    assert record["cuda_build"] == f"{int(pytorch['cuda_build'][2:-1])}.{pytorch['cuda_build'][-1]}"
+    assert record["nccl"] == PINS.version("nccl")
     assert record["cuda_available"] is False

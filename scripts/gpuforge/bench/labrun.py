@@ -102,11 +102,14 @@ def up(name: str, nodes: int, attempts: int = 2, image: str | None = None) -> La
 
 
 # The lab cannot reach NVIDIA's repositories: this playbook builds signed TEST-FIXTURE stand-ins on
-# the hosts, and FIXTURE_VARS points the NVIDIA roles at them (`make demo` does the same). The EFA
-# and PyTorch stand-ins come from the lab's artifact server through inventory/group_vars.
+# the hosts (`make demo` runs it too). The EFA, aws-ofi-nccl and PyTorch stand-ins come from the lab's
+# artifact server.
 FIXTURE_PLAYBOOK = "tests/fixtures/nvidia/prepare.yml"
-# Also the lab group's group_vars: passing it with -e is redundant on a lab, kept for old callers.
-FIXTURE_VARS = "inventory/group_vars/gpuforge_lab/nvidia_fixtures.yml"
+# The one file of lab overrides: where each artifact comes from (URLs, fixture hashes and signing-key
+# fingerprints) plus the one test-double switch for the health checks; everything else is the
+# roles' production defaults (tests/test_lab_overrides.py). It is the lab group's group_vars, so
+# passing it with -e is redundant on a lab; kept for callers outside the lab's inventory.
+FIXTURE_VARS = "inventory/group_vars/gpuforge_lab/artifacts.yml"
 
 
 def prepare_fixtures(env: dict[str, str]) -> None:
@@ -126,17 +129,14 @@ def prepare_fixtures(env: dict[str, str]) -> None:
 
 
 def write_bake_vars(work_dir: Path) -> Path:
-    """The lab's stand-ins for vendor downloads as one extra-vars file for `gpuforge bake --local`.
+    """The lab's artifact sources (FIXTURE_VARS) as one extra-vars file for `gpuforge bake --local`.
 
     Packer's ansible provisioner builds its own inventory, so the lab's group_vars do not apply;
-    the same variables (TEST FIXTURES: NVIDIA apt repositories, the signed EFA installer, the CPU
-    wheel of PyTorch) are handed over as extra vars instead.
+    the same variables, and only those, are handed over as extra vars instead.
     """
-    merged: dict[str, Any] = {}
-    for source in (FIXTURE_VARS, "inventory/group_vars/gpuforge_lab/artifacts.yml"):
-        merged.update(yaml.safe_load((paths.repo_root() / source).read_text()))
+    variables = yaml.safe_load((paths.repo_root() / FIXTURE_VARS).read_text())
     path = work_dir / "lab-vars.yml"
-    path.write_text(yaml.safe_dump(merged))
+    path.write_text(yaml.safe_dump(variables))
     return path
 
 
