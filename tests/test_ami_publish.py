@@ -16,6 +16,8 @@ from gpuforge.ami import images, publish
 from gpuforge.errors import UserError
 from gpuforge.lab.moto import MotoServer
 from gpuforge.pcluster.config import load_config
+from gpuforge.pcluster.rollout import ConfigChange
+from gpuforge.pcluster.validate import AmiFacts
 from imagetools import baked_image
 
 
@@ -42,27 +44,143 @@ def _config(queue_ami: str | None = None) -> dict[str, Any]:
     }
 
 
-def test_publish_writes_parameter_and_patches_config(aws: MotoServer, tmp_path: Path) -> None:
+PCLUSTER_2204 = "/gpuforge/ami/pcluster/ubuntu2204/latest"
+
+
+def _queue_amis(path: Path) -> dict[str, Any]:
+    return {
+        q["Name"]: q.get("Image", {}).get("CustomAmi") for q in load_config(path)["Scheduling"]["SlurmQueues"]
+    }
+
+
+def test_publish_writes_parameter_and_patches_config(
+    aws: MotoServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """publish writes the per-OS parameter and every queue's image with DRAIN (not the cluster-wide image,
+    which pcluster update-cluster refuses), and prints ParallelCluster's verdict on the update."""
     ami = baked_image("pcluster", "gpuforge-pcluster-1")
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump(_config()))
     assert cli.main(["publish", "--flavor", "pcluster", "--ami", ami, "--cluster-config", str(config)]) == 0
-    assert publish.read_parameter("/gpuforge/ami/pcluster/latest") == ami
-    parameter = boto3.client("ssm").get_parameter(Name="/gpuforge/ami/pcluster/latest")["Parameter"]
+    assert publish.read_parameter(PCLUSTER_2204) == ami
+    assert publish.read_parameter("/gpuforge/ami/pcluster/latest") is None, "no legacy parameter is created"
+    parameter = boto3.client("ssm").get_parameter(Name=PCLUSTER_2204)["Parameter"]
     assert parameter["DataType"] == "aws:ec2:image"
-    assert load_config(config)["Image"]["CustomAmi"] == ami
+    patched = load_config(config)
+    assert _queue_amis(config) == {"gpu": ami}
+    assert "CustomAmi" not in patched["Image"]
+    assert patched["Scheduling"]["SlurmSettings"] == {"QueueUpdateStrategy": "DRAIN"}
+    err = capsys.readouterr().err
+    assert "pcluster update-cluster accepts this change" in err and "drained" in err
 
     newer = baked_image("pcluster", "gpuforge-pcluster-2")
-    publish.publish(newer, "/gpuforge/ami/pcluster/latest", [config], flavor="pcluster")
-    assert publish.read_parameter("/gpuforge/ami/pcluster/latest") == newer
-    assert load_config(config)["Image"]["CustomAmi"] == newer
+    plans = publish.publish(newer, None, [config], flavor="pcluster")
+    assert publish.read_parameter(PCLUSTER_2204) == newer
+    assert _queue_amis(config) == {"gpu": newer}
+    (change,) = plans[0].plan.changes
+    assert (change.path, change.old, change.new) == (
+        "Scheduling.SlurmQueues[gpu].Image.CustomAmi",
+        ami,
+        newer,
+    )
+    assert (change.policy, change.result) == ("QUEUE_UPDATE_STRATEGY", "SUCCEEDED")
+
+
+def test_22_04_and_24_04_images_have_their_own_parameter(aws: MotoServer) -> None:
+    """Before: both OSes went to /gpuforge/ami/FLAVOR/latest and the last one won."""
+    jammy = baked_image("dlami", "gpuforge-dlami-2204")
+    noble = baked_image("dlami", "gpuforge-dlami-2404", tags=_retagged(jammy, {"gpuforge:os": "ubuntu2404"}))
+    publish.publish(jammy, None, flavor="dlami")
+    publish.publish(noble, None, flavor="dlami")
+    assert publish.read_parameter("/gpuforge/ami/dlami/ubuntu2204/latest") == jammy
+    assert publish.read_parameter("/gpuforge/ami/dlami/ubuntu2404/latest") == noble
+    assert publish.published_image("dlami", "ubuntu2404")[1] == images.describe(noble)
+    assert publish.published_image("dlami", "ubuntu2204")[1] == images.describe(jammy)
+
+
+def _retagged(ami: str, extra: dict[str, str]) -> dict[str, str]:
+    return images.describe(ami).tags | extra
+
+
+def test_legacy_parameter_keeps_22_04_images_with_a_deprecation(
+    aws: MotoServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = baked_image("dlami", "gpuforge-dlami-old")
+    publish.write_parameter("/gpuforge/ami/dlami/latest", old)
+    # Read for existing users, with the deprecation named.
+    assert publish.published_image("dlami", "ubuntu2204") == (
+        "/gpuforge/ami/dlami/latest",
+        images.describe(old),
+    )
+    assert "/gpuforge/ami/dlami/latest is deprecated" in caplog.text
+    # A 24.04 image never lands in it; a 22.04 image still does, beside its own parameter.
+    noble = baked_image("dlami", "gpuforge-dlami-2404", tags=_retagged(old, {"gpuforge:os": "ubuntu2404"}))
+    publish.publish(noble, None, flavor="dlami")
+    assert publish.read_parameter("/gpuforge/ami/dlami/latest") == old
+    assert publish.published_image("dlami", "ubuntu2404")[1] == images.describe(noble)
+    jammy = baked_image("dlami", "gpuforge-dlami-2204")
+    publish.publish(jammy, None, flavor="dlami")
+    assert publish.read_parameter("/gpuforge/ami/dlami/latest") == jammy
+    assert publish.read_parameter("/gpuforge/ami/dlami/ubuntu2204/latest") == jammy
+
+
+def test_publish_refuses_an_image_of_another_os_than_the_cluster(aws: MotoServer, tmp_path: Path) -> None:
+    """Image.Os cannot change on update and ParallelCluster refuses a queue image of another OS."""
+    jammy = baked_image("pcluster")
+    noble = baked_image("pcluster", tags=_retagged(jammy, {"parallelcluster:os": "ubuntu2404"}))
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump(_config()))
+    before = config.read_text()
+    with pytest.raises(UserError, match=r"image .* is ubuntu2404 .* the cluster's Image.Os is ubuntu2204"):
+        publish.publish(noble, None, [config], flavor="pcluster")
+    assert config.read_text() == before
+    assert publish.read_parameter("/gpuforge/ami/pcluster/ubuntu2404/latest") is None
+
+
+def test_publish_refuses_a_root_volume_smaller_than_the_image(aws: MotoServer, tmp_path: Path) -> None:
+    """Checked with ParallelCluster's RootVolumeSizeValidator before anything moves (was: at create time)."""
+    ami = baked_image("pcluster")
+    size = images.describe(ami).root_volume_gib
+    assert size is not None and size > 1
+    small = _config()
+    small["Scheduling"]["SlurmQueues"][0]["ComputeSettings"] = {
+        "LocalStorage": {"RootVolume": {"Size": size - 1}}
+    }
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump(small))
+    with pytest.raises(UserError, match=rf"Root volume size {size - 1} GiB must be equal or greater"):
+        publish.publish(ami, None, [config], flavor="pcluster")
+    assert publish.read_parameter(PCLUSTER_2204) is None
+    # The check before a bake uses the size the bake will give the image.
+    facts = AmiFacts("ubuntu2204", 100)
+    small["Scheduling"]["SlurmQueues"][0]["ComputeSettings"]["LocalStorage"]["RootVolume"]["Size"] = 35
+    config.write_text(yaml.safe_dump(small))
+    with pytest.raises(UserError, match="Root volume size 35 GiB"):
+        publish.check_configs([config], facts=facts)
+
+
+def test_publish_refuses_what_pcluster_update_refuses(aws: MotoServer, tmp_path: Path) -> None:
+    """COMPUTE_FLEET_STOP with a running fleet: ParallelCluster's own check says ACTION NEEDED, so nothing
+    moves; --fleet-stopped (the user stops the fleet first) is accepted."""
+    ami = baked_image("pcluster")
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump(_config()))
+    change = ConfigChange(queue_update_strategy="COMPUTE_FLEET_STOP")
+    with pytest.raises(
+        UserError, match=r"(?s)pcluster update-cluster refuses.*All compute nodes must be stopped"
+    ):
+        publish.publish(ami, None, [config], flavor="pcluster", change=change)
+    assert publish.read_parameter(PCLUSTER_2204) is None
+    stopped = ConfigChange(queue_update_strategy="COMPUTE_FLEET_STOP", fleet_stopped=True)
+    (patched,) = publish.publish(ami, None, [config], flavor="pcluster", change=stopped)
+    assert patched.plan.accepted and _queue_amis(config) == {"gpu": ami}
 
 
 def test_publish_per_queue(aws: MotoServer, tmp_path: Path) -> None:
     ami = baked_image("pcluster", "gpuforge-pcluster-1")
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump(_config()))
-    publish.publish(ami, "/gpuforge/ami/pcluster/latest", [config], queues=["gpu"])
+    publish.publish(ami, "/gpuforge/ami/pcluster/latest", [config], queues=["gpu"], flavor="pcluster")
     patched = load_config(config)
     assert patched["Scheduling"]["SlurmQueues"][0]["Image"]["CustomAmi"] == ami
     assert "CustomAmi" not in patched["Image"]
@@ -177,7 +295,7 @@ def test_publish_refuses_an_unfit_image_unless_forced(
     assert config.read_text() == COMMENTED_WITHOUT_AMI
     # --force publishes, and says what it overrode.
     assert cli.main(["publish", "--ami", ami, *argv, "--force"]) == 0
-    assert publish.read_parameter(f"/gpuforge/ami/{argv[1]}/latest") == ami
+    assert publish.read_parameter(f"/gpuforge/ami/{argv[1]}/ubuntu2204/latest") == ami
 
 
 def test_force_warns(aws: MotoServer, caplog: pytest.LogCaptureFixture) -> None:
@@ -200,7 +318,17 @@ def test_publish_keeps_comments_order_and_quoting(aws: MotoServer, tmp_path: Pat
     ami = baked_image("pcluster")
     config = tmp_path / "cluster.yaml"
     config.write_text(COMMENTED_WITHOUT_AMI)
-    assert cli.main(["publish", "--flavor", "pcluster", "--ami", ami, "--cluster-config", str(config)]) == 0
+    argv = [
+        "publish",
+        "--flavor",
+        "pcluster",
+        "--ami",
+        ami,
+        "--cluster-config",
+        str(config),
+        "--cluster-wide",
+    ]
+    assert cli.main(argv) == 0
     expected = COMMENTED_WITHOUT_AMI.replace(
         "  Os: 'ubuntu2204'   # quoted on purpose\n",
         f"  Os: 'ubuntu2204'   # quoted on purpose\n  CustomAmi: {ami}\n",

@@ -75,13 +75,35 @@ def pcluster_ami(aws: MotoServer) -> str:
     return baked_image("pcluster")
 
 
-def test_set_ami_cluster_wide(config_file: Path, tmp_path: Path, pcluster_ami: str) -> None:
+def test_set_ami_gives_every_queue_the_image(
+    config_file: Path, tmp_path: Path, pcluster_ami: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """By default every Slurm queue gets the image, with DRAIN, and the plan says pcluster accepts it."""
     out = tmp_path / "patched.yml"
     assert (
         cli.main(["cluster-config", "set-ami", str(config_file), "--ami", pcluster_ami, "-o", str(out)]) == 0
     )
+    patched = load_config(out)
+    assert {q["Image"]["CustomAmi"] for q in patched["Scheduling"]["SlurmQueues"]} == {pcluster_ami}
+    assert patched["Scheduling"]["SlurmSettings"]["QueueUpdateStrategy"] == "DRAIN"
+    assert patched["Image"] == load_config(config_file)["Image"], "the cluster-wide image stays"
+    err = capsys.readouterr().err
+    assert "pcluster update-cluster accepts this change" in err
+    assert "Scheduling.SlurmQueues[gpu].Image" in err and "QUEUE_UPDATE_STRATEGY: SUCCEEDED" in err
+
+
+def test_set_ami_cluster_wide(
+    config_file: Path, tmp_path: Path, pcluster_ami: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--cluster-wide writes Image.CustomAmi, and says pcluster update-cluster refuses it (UNSUPPORTED)."""
+    out = tmp_path / "patched.yml"
+    argv = ["cluster-config", "set-ami", str(config_file), "--ami", pcluster_ami, "--cluster-wide"]
+    assert cli.main([*argv, "-o", str(out)]) == 0
     assert custom_amis(load_config(out)) == {pcluster_ami}
     assert load_config(config_file)["Image"]["CustomAmi"] != pcluster_ami, "the input file is untouched"
+    err = capsys.readouterr().err
+    assert "pcluster update-cluster refuses this change" in err
+    assert "Image.CustomAmi" in err and "UNSUPPORTED: FAILED" in err
 
 
 def test_set_ami_per_queue_to_stdout(
@@ -131,7 +153,7 @@ def test_set_ami_refuses_a_dlami_image_unless_forced(
     assert not out.exists()
     argv = ["cluster-config", "set-ami", str(config_file), "--ami", dlami, "-o", str(out), "--force"]
     assert cli.main(argv) == 0
-    assert custom_amis(load_config(out)) == {dlami}
+    assert dlami in custom_amis(load_config(out))
 
 
 def test_set_ami_refuses_an_image_that_does_not_exist(config_file: Path, aws: MotoServer) -> None:
@@ -143,5 +165,15 @@ def test_set_ami_keeps_comments_order_and_quoting(tmp_path: Path, pcluster_ami: 
     config = tmp_path / "cluster.yml"
     config.write_text(text)
     out = tmp_path / "out.yml"
-    assert cli.main(["cluster-config", "set-ami", str(config), "--ami", pcluster_ami, "-o", str(out)]) == 0
+    argv = ["cluster-config", "set-ami", str(config), "--ami", pcluster_ami, "--cluster-wide", "-o", str(out)]
+    assert cli.main(argv) == 0
     assert out.read_text() == text.replace("CustomAmi: ami-0123456789abcdef0", f"CustomAmi: {pcluster_ami}")
+    # The default, per queue: the queue gets an Image, Scheduling gets SlurmSettings before SlurmQueues.
+    assert cli.main(["cluster-config", "set-ami", str(config), "--ami", pcluster_ami, "-o", str(out)]) == 0
+    expected = text.replace(
+        "  Scheduler: slurm\n", "  Scheduler: slurm\n  SlurmSettings:\n    QueueUpdateStrategy: DRAIN\n"
+    ).replace(
+        '        SubnetIds: ["subnet-0123456789abcdef0"]\n',
+        f'        SubnetIds: ["subnet-0123456789abcdef0"]\n      Image:\n        CustomAmi: {pcluster_ami}\n',
+    )
+    assert out.read_text() == expected

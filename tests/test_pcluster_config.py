@@ -90,7 +90,7 @@ def test_custom_amis_tolerates_partial_configs(config: dict[str, Any]) -> None:
 def test_set_custom_ami_cluster_wide_returns_a_new_config() -> None:
     config = _config()
     before = copy.deepcopy(config)
-    patched = set_custom_ami(config, NEW_AMI)
+    patched = set_custom_ami(config, NEW_AMI, cluster_wide=True)
     assert config == before, "the input is not modified"
     assert patched["Image"] == {"Os": "ubuntu2204", "CustomAmi": NEW_AMI}
     # Per-queue and head node overrides are left as they were.
@@ -98,7 +98,7 @@ def test_set_custom_ami_cluster_wide_returns_a_new_config() -> None:
 
 
 def test_set_custom_ami_warns_about_queues_with_their_own_ami(caplog: pytest.LogCaptureFixture) -> None:
-    set_custom_ami(_config(), NEW_AMI)
+    set_custom_ami(_config(), NEW_AMI, cluster_wide=True)
     assert "queue gpu" in caplog.text
     assert "the head node" in caplog.text
     assert "queue cpu" not in caplog.text
@@ -132,7 +132,44 @@ def test_set_custom_ami_needs_a_queue_when_queues_given() -> None:
 
 
 def test_set_custom_ami_creates_a_missing_image_section() -> None:
-    assert set_custom_ami({"Region": "us-east-1"}, NEW_AMI)["Image"] == {"CustomAmi": NEW_AMI}
+    assert set_custom_ami({"Region": "us-east-1"}, NEW_AMI, cluster_wide=True)["Image"] == {
+        "CustomAmi": NEW_AMI
+    }
+
+
+def test_set_custom_ami_gives_every_queue_the_image_and_drain_by_default() -> None:
+    """Without queues and cluster_wide, every Slurm queue gets the image (the setting ParallelCluster can
+    roll on a running cluster) and the config gets QueueUpdateStrategy DRAIN; the cluster-wide image stays."""
+    config = _config()
+    patched = set_custom_ami(config, NEW_AMI)
+    assert [q["Image"]["CustomAmi"] for q in patched["Scheduling"]["SlurmQueues"]] == [NEW_AMI, NEW_AMI]
+    assert patched["Image"]["CustomAmi"] == CLUSTER_AMI
+    assert patched["Scheduling"]["SlurmSettings"] == {"QueueUpdateStrategy": "DRAIN"}
+
+
+@pytest.mark.parametrize(
+    ("given", "strategy", "expected"),
+    [
+        ("TERMINATE", None, "TERMINATE"),  # the config's own choice is kept
+        ("TERMINATE", "DRAIN", "DRAIN"),  # an explicit one wins
+        (None, "COMPUTE_FLEET_STOP", "COMPUTE_FLEET_STOP"),
+    ],
+)
+def test_set_custom_ami_queue_update_strategy(given: str | None, strategy: str | None, expected: str) -> None:
+    config = _config()
+    if given:
+        config["Scheduling"]["SlurmSettings"] = {"QueueUpdateStrategy": given, "ScaledownIdletime": 5}
+    patched = set_custom_ami(config, NEW_AMI, ["cpu"], queue_update_strategy=strategy)
+    assert patched["Scheduling"]["SlurmSettings"]["QueueUpdateStrategy"] == expected
+    with pytest.raises(UserError, match="unknown QueueUpdateStrategy"):
+        set_custom_ami(config, NEW_AMI, queue_update_strategy="LATER")
+
+
+def test_set_custom_ami_cluster_wide_sets_the_os_and_refuses_queues() -> None:
+    patched = set_custom_ami(_config(), NEW_AMI, cluster_wide=True, os="ubuntu2404")
+    assert patched["Image"] == {"Os": "ubuntu2404", "CustomAmi": NEW_AMI}
+    with pytest.raises(UserError, match="not both"):
+        set_custom_ami(_config(), NEW_AMI, ["gpu"], cluster_wide=True)
 
 
 @pytest.mark.parametrize(
@@ -146,4 +183,5 @@ def test_set_custom_ami_rejects_malformed_ids(ami: str) -> None:
 
 @pytest.mark.parametrize("ami", ["ami-1234abcd", "ami-0123456789abcdef0"])
 def test_set_custom_ami_accepts_both_id_lengths(ami: str) -> None:
-    assert set_custom_ami(_config(), ami)["Image"]["CustomAmi"] == ami
+    patched = set_custom_ami(_config(), ami)
+    assert {q["Image"]["CustomAmi"] for q in patched["Scheduling"]["SlurmQueues"]} == {ami}

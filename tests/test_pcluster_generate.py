@@ -12,7 +12,7 @@ import yaml
 from gpuforge import instance_types
 from gpuforge.errors import UserError
 from gpuforge.pcluster.config import custom_amis
-from gpuforge.pcluster.generate import IMAGE_OS, generate
+from gpuforge.pcluster.generate import generate
 from gpuforge.pcluster.validate import validate
 
 KMS_KEY = "1234abcd-12ab-34cd-56ef-1234567890ab"
@@ -26,6 +26,7 @@ def base_spec() -> dict[str, Any]:
     return {
         "region": "us-east-1",
         "ami": "ami-0123456789abcdef0",
+        "os": "ubuntu2204",
         "head_node": {"instance_type": "c5.2xlarge", "subnet_id": SUBNET_A, "ssh_key": "gpuforge"},
         "queues": [
             {
@@ -53,7 +54,7 @@ def test_example_spec_generates_a_valid_config() -> None:
     config = generate(spec)
     validate(config)
     assert config["Region"] == spec["region"]
-    assert config["Image"] == {"Os": IMAGE_OS, "CustomAmi": spec["ami"]}
+    assert config["Image"] == {"Os": spec["os"], "CustomAmi": spec["ami"]}
     head = config["HeadNode"]
     assert head["InstanceType"] == spec["head_node"]["instance_type"]
     assert head["Networking"] == {"SubnetId": spec["head_node"]["subnet_id"]}
@@ -61,7 +62,10 @@ def test_example_spec_generates_a_valid_config() -> None:
     action = spec["head_node"]["on_node_configured"]
     assert head["CustomActions"] == {"OnNodeConfigured": {"Script": action["script"], "Args": action["args"]}}
     assert config["Scheduling"]["Scheduler"] == "slurm"
-    assert config["Scheduling"]["SlurmSettings"] == {"CustomSlurmSettings": spec["slurm"]["custom_settings"]}
+    assert config["Scheduling"]["SlurmSettings"] == {
+        "QueueUpdateStrategy": "DRAIN",
+        "CustomSlurmSettings": spec["slurm"]["custom_settings"],
+    }
     assert [q["Name"] for q in config["Scheduling"]["SlurmQueues"]] == [q["name"] for q in spec["queues"]]
     fsx = spec["storage"]["fsx_lustre"]
     assert config["SharedStorage"] == [
@@ -120,7 +124,9 @@ def test_optional_parts() -> None:
     queue["on_node_configured"] = {"script": "https://example.com/pull.sh"}
     config = generate(spec)
     assert "SharedStorage" not in config
-    assert "SlurmSettings" not in config["Scheduling"]
+    # Without slurm settings in the spec, the config still states DRAIN (ParallelCluster's default,
+    # COMPUTE_FLEET_STOP, would make update-cluster refuse a new queue image while jobs run).
+    assert config["Scheduling"]["SlurmSettings"] == {"QueueUpdateStrategy": "DRAIN"}
     generated = _queue(config, "gpu")
     assert generated["CapacityType"] == "SPOT"
     assert generated["CustomActions"] == {"OnNodeConfigured": {"Script": "https://example.com/pull.sh"}}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuforge import aws, node_manifest, paths, targets, versions
-from gpuforge.ami import images
+from gpuforge.ami import images, inputs
 from gpuforge.ami import manifest as packer_manifest
 from gpuforge.ami.packer import MachineLine, Packer, Progress, launched_instance, template_dir, write_var_file
 from gpuforge.errors import ExternalError, UserError
@@ -33,7 +33,7 @@ LOG = logging.getLogger(__name__)
 AWS_SOURCE = "amazon-ebs.gpu"
 LAB_SOURCE = "null.lab"
 # Value of the parallelcluster:os tag, which ParallelCluster compares with the cluster's Image.Os.
-PCLUSTER_OSES = {"ubuntu22.04": "ubuntu2204", "ubuntu24.04": "ubuntu2404"}
+PCLUSTER_OSES = images.IMAGE_OSES
 PCLUSTER_OS = PCLUSTER_OSES["ubuntu22.04"]
 
 
@@ -67,6 +67,8 @@ def flavor_tags(
 ) -> dict[str, str]:
     """Tags gpuforge asks Packer to put on the image (the template adds provenance and the source AMI)."""
     tags = manifest.image_tags()
+    # Every image says its OS, so 22.04 and 24.04 images of a flavor never stand in for each other.
+    tags[images.OS_TAG] = images.IMAGE_OSES[base_os]
     if flavor == "pcluster":
         tags.update(
             {
@@ -178,6 +180,8 @@ def _tags(
     pcluster_version = options.the_pcluster_version if options.flavor == "pcluster" else ""
     tags = flavor_tags(manifest, options.flavor, pcluster_version, options.base_os)
     tags.update(image_targets.tags())
+    # What the bake runs, hashed; `rebuild --if-stale` compares the published image's tag with it.
+    tags[images.INPUTS_HASH_TAG] = inputs.digest()
     if options.ami_regions:
         # Where the copies are, so that prune retires them with the original (images.COPY_REGIONS_TAG).
         tags[images.COPY_REGIONS_TAG] = ",".join(options.ami_regions)

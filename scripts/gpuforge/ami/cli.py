@@ -6,13 +6,17 @@ import argparse
 import importlib.util
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 from gpuforge import aws, targets, versions
-from gpuforge.ami import bake, iam, images, prune, publish, references
+from gpuforge.ami import bake, iam, images, inputs, prune, publish, references
 from gpuforge.cliargs import nonempty, positive_int
 from gpuforge.errors import UserError
+from gpuforge.pcluster import config as pcluster_config
+from gpuforge.pcluster.rollout import ConfigChange
+from gpuforge.pcluster.validate import AmiFacts
 
 LOG = logging.getLogger(__name__)
 _DEFAULT_TARGETS_HELP = "; ".join(
@@ -35,14 +39,36 @@ def _add_publish(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--parameter",
         type=nonempty,
-        help="SSM parameter to point at the image (default /gpuforge/ami/FLAVOR/latest)",
+        help="SSM parameter to point at the image (default /gpuforge/ami/FLAVOR/OS/latest, OS from the "
+        "image's tag: ubuntu2204 or ubuntu2404)",
     )
-    _add_cluster_config(parser, "ParallelCluster config to patch (Image.CustomAmi) and validate; repeatable")
+    _add_cluster_config(
+        parser,
+        "ParallelCluster config to give the image (its Slurm queues' Image.CustomAmi), validate and check "
+        "with pcluster's update policies; repeatable",
+    )
     parser.add_argument(
         "--queue",
         action="append",
         metavar="NAME",
-        help="patch only this Slurm queue's Image.CustomAmi; repeatable",
+        help="give the image to this Slurm queue only (default: every queue); repeatable",
+    )
+    parser.add_argument(
+        "--cluster-wide",
+        action="store_true",
+        help="set the cluster-wide Image.CustomAmi and Image.Os instead, for a cluster not created yet "
+        "(pcluster update-cluster refuses that change on an existing cluster)",
+    )
+    parser.add_argument(
+        "--queue-update-strategy",
+        choices=pcluster_config.QUEUE_UPDATE_STRATEGIES,
+        help="Scheduling.SlurmSettings.QueueUpdateStrategy to write (default: the config's, else DRAIN: "
+        "nodes are replaced as their jobs end)",
+    )
+    parser.add_argument(
+        "--fleet-stopped",
+        action="store_true",
+        help="judge the update as pcluster does with the compute fleet stopped (default: running)",
     )
     parser.add_argument(
         "--force",
@@ -123,13 +149,14 @@ def register(sub: Any) -> None:
     p_bake.set_defaults(handler=_bake)
 
     p_rebuild = sub.add_parser(
-        "rebuild", help="bake a new AMI, with --if-stale only when base or versions changed"
+        "rebuild", help="bake a new AMI, with --if-stale only when the published one is out of date"
     )
     _add_bake(p_rebuild)
     p_rebuild.add_argument(
         "--if-stale",
         action="store_true",
-        help="rebuild only if the base AMI id or versions.yml hash differs from the newest image's tags",
+        help="rebuild only if nothing is published for the flavor and OS, or the published image's base "
+        "AMI, versions.yml hash or bake inputs hash (roles, playbooks, plugins, packer, data) differ",
     )
     p_rebuild.set_defaults(handler=_rebuild)
 
@@ -210,17 +237,38 @@ def _options(args: argparse.Namespace) -> bake.BakeOptions:
     )
 
 
-def _publish_image(args: argparse.Namespace, ami: str) -> None:
-    """Point the parameter and the cluster configs (`_add_publish`'s options) at ami."""
-    parameter = str(args.parameter or publish.default_parameter(args.flavor))
-    publish.publish(
-        ami, parameter, args.cluster_config, args.queue, args.region, flavor=args.flavor, force=args.force
+def _config_change(args: argparse.Namespace) -> ConfigChange:
+    return ConfigChange(
+        queues=args.queue,
+        cluster_wide=args.cluster_wide,
+        queue_update_strategy=args.queue_update_strategy,
+        fleet_stopped=args.fleet_stopped,
     )
+
+
+def _publish_image(args: argparse.Namespace, ami: str) -> None:
+    """Point the parameter and the cluster configs (`_add_publish`'s options) at ami; print, per config,
+    what `pcluster update-cluster` will do with it."""
+    patched = publish.publish(
+        ami,
+        args.parameter,
+        args.cluster_config,
+        region=args.region,
+        flavor=args.flavor,
+        force=args.force,
+        change=_config_change(args),
+    )
+    for item in patched:
+        print(f"{item.path}:", *item.plan.lines(), sep="\n", file=sys.stderr)
 
 
 def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> int:
     if not args.no_publish:
-        publish.check_configs(args.cluster_config, args.queue, options.region, options.flavor, args.force)
+        # What the image will be: its OS, and its root volume (every node's minimum RootVolume.Size).
+        facts = AmiFacts(images.IMAGE_OSES[options.base_os], options.root_volume_size_gib)
+        publish.check_configs(
+            args.cluster_config, _config_change(args), options.region, options.flavor, args.force, facts
+        )
     image = bake.bake_aws(options)
     if not args.no_publish:
         _publish_image(args, image.id)
@@ -258,14 +306,24 @@ def _bake(args: argparse.Namespace) -> int:
 def _rebuild(args: argparse.Namespace) -> int:
     options = _options(args)
     if args.if_stale:
+        # Judged by what is published (what nodes launch), never by the newest image: an image a
+        # --no-publish bake or a failed publish left behind must not make the schedule say "current".
         base = bake.resolve_base(options)
-        newest = images.newest(images.gpuforge_images(options.flavor, options.region))
-        reason = images.stale_reason(newest, base, versions.load().digest)
+        os = images.IMAGE_OSES[options.base_os]
+        parameter, published = publish.published_image(options.flavor, os, options.region, args.parameter)
+        reason = (
+            images.stale_reason(published, base, versions.load().digest, inputs.digest())
+            if published is not None
+            else f"nothing of {options.flavor}/{os} is published at {parameter}"
+        )
         if reason is None:
-            assert newest is not None
-            print(f"{newest.id} is current (base {base.id}, same versions manifest); not rebuilding")
+            assert published is not None
+            print(
+                f"{published.id} (published at {parameter}) is current (base {base.id}, same versions "
+                "manifest and bake inputs); not rebuilding"
+            )
             return 0
-        LOG.info("rebuilding %s: %s", options.flavor, reason)
+        LOG.info("rebuilding %s/%s: %s", options.flavor, os, reason)
     return _bake_and_publish(args, options)
 
 

@@ -16,6 +16,9 @@ from gpuforge.versions import HASH_TAG
 
 LOG = logging.getLogger(__name__)
 
+# Hash of everything a bake runs (gpuforge.ami.inputs.digest), written at bake time, read by
+# `rebuild --if-stale`.
+INPUTS_HASH_TAG = "gpuforge:inputs-hash"
 FLAVORS = ("dlami", "pcluster")
 FLAVOR_TAG = "gpuforge:flavor"
 BUILD_ID_TAG = "gpuforge:build-id"
@@ -25,10 +28,22 @@ GIT_REVISION_TAG = "gpuforge:git-revision"
 BUILD_TIME_TAG = "gpuforge:build-time"
 # Comma-separated regions a bake copied the image to (Packer's ami_regions); every copy carries it too.
 COPY_REGIONS_TAG = "gpuforge:copy-regions"
+# The image's OS in ParallelCluster's spelling, on every gpuforge image (both flavors), so that the
+# Ubuntu 22.04 and 24.04 images of one flavor are told apart: listed, published and judged stale
+# separately. pcluster-flavor images also carry ParallelCluster's own tag, which its
+# AmiOsCompatibleValidator compares with the cluster's Image.Os (aws-parallelcluster 3.16.1,
+# pcluster/validators/ec2_validators.py AmiOsCompatibleValidator; pcluster/constants.py
+# PCLUSTER_IMAGE_OS_TAG = "parallelcluster:os").
+OS_TAG = "gpuforge:os"
+PCLUSTER_OS_TAG = "parallelcluster:os"
 
 # The supported bases: the Deep Learning Base OSS Nvidia Driver GPU AMI on Ubuntu 22.04 (default)
 # and 24.04. AWS keeps a public SSM parameter pointed at the newest of each (DLAMI release notes).
 BASE_OSES = ("ubuntu22.04", "ubuntu24.04")
+# Base OS -> ParallelCluster's Image.Os value (aws-parallelcluster 3.16.1, pcluster/constants.py
+# SUPPORTED_OSES lists "ubuntu2204" and "ubuntu2404").
+IMAGE_OSES = {"ubuntu22.04": "ubuntu2204", "ubuntu24.04": "ubuntu2404"}
+DEFAULT_IMAGE_OS = IMAGE_OSES["ubuntu22.04"]
 _DLAMI_PARAMETER_PREFIX = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-"
 DLAMI_PARAMETERS = {
     "ubuntu22.04": _DLAMI_PARAMETER_PREFIX + "ubuntu-22.04/latest/ami-id",
@@ -58,14 +73,18 @@ class Image:
     state: str
     tags: dict[str, str]
     snapshot_ids: tuple[str, ...]
+    # GiB of the root volume's snapshot: every node's RootVolume.Size must be at least this. Read as
+    # ParallelCluster reads it, from the first block device mapping (aws-parallelcluster 3.16.1,
+    # pcluster/aws/aws_resources.py ImageInfo.volume_size); None when EC2 did not say.
+    root_volume_gib: int | None = None
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> Image:
+        mappings = data.get("BlockDeviceMappings", [])
         snapshots = tuple(
-            bdm["Ebs"]["SnapshotId"]
-            for bdm in data.get("BlockDeviceMappings", [])
-            if bdm.get("Ebs", {}).get("SnapshotId")
+            bdm["Ebs"]["SnapshotId"] for bdm in mappings if bdm.get("Ebs", {}).get("SnapshotId")
         )
+        size = mappings[0].get("Ebs", {}).get("VolumeSize") if mappings else None
         return cls(
             id=data["ImageId"],
             name=data.get("Name", ""),
@@ -73,7 +92,13 @@ class Image:
             state=data.get("State", ""),
             tags={t["Key"]: t["Value"] for t in data.get("Tags", [])},
             snapshot_ids=snapshots,
+            root_volume_gib=int(size) if size is not None else None,
         )
+
+    @property
+    def os(self) -> str | None:
+        """ubuntu2204 / ubuntu2404 from ParallelCluster's tag, else gpuforge's; None when untagged."""
+        return self.tags.get(PCLUSTER_OS_TAG) or self.tags.get(OS_TAG)
 
 
 def _ec2(region: str | None) -> Any:
@@ -156,15 +181,18 @@ def _ssm_value(name: str, region: str | None) -> str:
     return check_ami_id(value)
 
 
-def gpuforge_images(flavor: str | None = None, region: str | None = None) -> list[Image]:
-    """Images this account baked with gpuforge (tagged gpuforge:flavor), oldest first."""
+def gpuforge_images(
+    flavor: str | None = None, region: str | None = None, os: str | None = None
+) -> list[Image]:
+    """Images this account baked with gpuforge (tagged gpuforge:flavor), oldest first; with os, only those
+    of that OS (ubuntu2204 / ubuntu2404, see Image.os)."""
     filters = [
         {"Name": f"tag:{FLAVOR_TAG}", "Values": [flavor]}
         if flavor
         else {"Name": "tag-key", "Values": [FLAVOR_TAG]}
     ]
     images = _describe(_ec2(region), Owners=["self"], Filters=filters)
-    return sorted(images, key=_age)
+    return sorted((i for i in images if os is None or i.os == os), key=_age)
 
 
 def images_with_build_id(build_id: str, region: str | None = None) -> list[Image]:
@@ -261,13 +289,21 @@ def add_tags(ami_id: str, tags: dict[str, str], region: str | None = None) -> No
         raise ExternalError(f"cannot tag image {ami_id}: {exc}") from exc
 
 
-def stale_reason(newest_image: Image | None, base: Image, versions_hash: str) -> str | None:
-    """Why a rebuild is due, or None when the newest image already has this base and manifest."""
-    if newest_image is None:
+def stale_reason(
+    image: Image | None, base: Image, versions_hash: str, inputs_hash: str | None = None
+) -> str | None:
+    """Why a rebuild is due, or None when image (the published one: `rebuild --if-stale`) was baked on
+    this base with these pins and, given inputs_hash (gpuforge.ami.inputs.digest), these bake inputs."""
+    if image is None:
         return "no gpuforge image of this flavor exists yet"
-    tags = newest_image.tags
+    tags = image.tags
     if tags.get(SOURCE_AMI_TAG) != base.id:
         return f"base image changed: {tags.get(SOURCE_AMI_TAG, 'untagged')} -> {base.id} ({base.name})"
     if tags.get(HASH_TAG) != versions_hash:
         return f"versions manifest changed: {tags.get(HASH_TAG, 'untagged')[:12]} -> {versions_hash[:12]}"
+    if inputs_hash is not None and tags.get(INPUTS_HASH_TAG) != inputs_hash:
+        return (
+            "bake inputs changed (roles, playbooks, plugins, packer templates or data): "
+            f"{tags.get(INPUTS_HASH_TAG, 'untagged')[:12]} -> {inputs_hash[:12]}"
+        )
     return None

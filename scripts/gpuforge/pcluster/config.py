@@ -200,35 +200,94 @@ def check_ami_id(ami_id: str) -> str:
     return ami_id
 
 
-def set_custom_ami(
-    config: dict[str, Any], ami_id: str, queues: Sequence[str] | None = None
-) -> dict[str, Any]:
-    """Return a copy of config using ami_id: cluster-wide (queues=None) or for the named Slurm queues only.
+# ParallelCluster's QueueUpdateStrategy values (aws-parallelcluster 3.16.1,
+# pcluster/config/cluster_config.py QueueUpdateStrategy). gpuforge writes DRAIN where a config sets
+# none: nodes of a queue with a new image are replaced as their jobs end, and no job is killed.
+QUEUE_UPDATE_STRATEGIES = ("DRAIN", "TERMINATE", "COMPUTE_FLEET_STOP")
+DEFAULT_QUEUE_UPDATE_STRATEGY = "DRAIN"
 
-    A document from load_document stays one: the copy keeps its comments, order and quoting."""
+
+def _set_cluster_ami(patched: dict[str, Any], ami_id: str, os: str | None) -> None:
+    image = patched.get("Image")
+    if image is None:
+        image = patched["Image"] = {}
+    elif not isinstance(image, dict):
+        raise UserError("the config's Image must be a mapping (Os, CustomAmi)")
+    image["CustomAmi"] = ami_id
+    if os is not None:
+        image["Os"] = os
+    # A node group's own Image.CustomAmi wins over the cluster-wide one; say so rather than skip it.
+    pinned = [f"queue {q.get('Name')}" for q in _queues(patched) if custom_amis({"Image": q.get("Image")})]
+    if custom_amis({"Image": _mapping(patched.get("HeadNode")).get("Image")}):
+        pinned.insert(0, "the head node")
+    if pinned:
+        LOG.warning("%s keep their own Image.CustomAmi (queues: use --queue)", ", ".join(pinned))
+
+
+def _set_strategy(patched: dict[str, Any], strategy: str | None) -> None:
+    """Scheduling.SlurmSettings.QueueUpdateStrategy: strategy if given, else the config's, else DRAIN."""
+    if strategy is not None and strategy not in QUEUE_UPDATE_STRATEGIES:
+        raise UserError(
+            f"unknown QueueUpdateStrategy {strategy!r}; choose one of {', '.join(QUEUE_UPDATE_STRATEGIES)}"
+        )
+    scheduling = patched.get("Scheduling")
+    if not isinstance(scheduling, dict):
+        raise UserError("the config's Scheduling must be a mapping (Scheduler, SlurmQueues)")
+    settings = scheduling.get("SlurmSettings")
+    if settings is None:
+        settings = {}
+        keys = list(scheduling)
+        # Before SlurmQueues, where ParallelCluster's documentation puts it; a plain dict appends.
+        at = keys.index("SlurmQueues") if "SlurmQueues" in keys else len(keys)
+        if hasattr(scheduling, "insert"):
+            scheduling.insert(at, "SlurmSettings", settings)
+        else:
+            scheduling["SlurmSettings"] = settings
+    elif not isinstance(settings, dict):
+        raise UserError("the config's Scheduling.SlurmSettings must be a mapping")
+    if strategy is not None:
+        settings["QueueUpdateStrategy"] = strategy
+    elif not settings.get("QueueUpdateStrategy"):
+        settings["QueueUpdateStrategy"] = DEFAULT_QUEUE_UPDATE_STRATEGY
+
+
+def set_custom_ami(
+    config: dict[str, Any],
+    ami_id: str,
+    queues: Sequence[str] | None = None,
+    *,
+    cluster_wide: bool = False,
+    queue_update_strategy: str | None = None,
+    os: str | None = None,
+) -> dict[str, Any]:
+    """Return a copy of config whose Slurm queues (all, or the named ones) use ami_id.
+
+    Only a queue's Image.CustomAmi can change on a running cluster (update policy QUEUE_UPDATE_STRATEGY;
+    the cluster-wide Image.CustomAmi is UNSUPPORTED: aws-parallelcluster 3.16.1,
+    pcluster/schemas/cluster_schema.py QueueImageSchema / ImageSchema), and only with a
+    QueueUpdateStrategy or a stopped fleet, so the copy also carries Scheduling.SlurmSettings.
+    QueueUpdateStrategy (queue_update_strategy, else the config's own, else DRAIN).
+
+    cluster_wide=True sets the cluster-wide Image.CustomAmi (and Image.Os to os, when given) instead:
+    for a cluster not created yet. A document from load_document stays one: the copy keeps its
+    comments, order and quoting.
+    """
     check_ami_id(ami_id)
-    patched = copy.deepcopy(config)
-    if queues is None:
-        image = patched.get("Image")
-        if image is None:
-            image = patched["Image"] = {}
-        elif not isinstance(image, dict):
-            raise UserError("the config's Image must be a mapping (Os, CustomAmi)")
-        image["CustomAmi"] = ami_id
-        # A node group's own Image.CustomAmi wins over the cluster-wide one; say so rather than skip it.
-        pinned = [
-            f"queue {q.get('Name')}" for q in _queues(patched) if custom_amis({"Image": q.get("Image")})
-        ]
-        if custom_amis({"Image": _mapping(patched.get("HeadNode")).get("Image")}):
-            pinned.insert(0, "the head node")
-        if pinned:
-            LOG.warning("%s keep their own Image.CustomAmi (queues: use --queue)", ", ".join(pinned))
-        return patched
     if isinstance(queues, str):
         raise TypeError("queues must be a sequence of queue names, not a string")
-    if not queues:
-        raise UserError("no queue named: give at least one queue, or none to set the cluster-wide AMI")
-    by_name = {q.get("Name"): q for q in _queues(patched)}
+    patched = copy.deepcopy(config)
+    if cluster_wide:
+        if queues is not None:
+            raise UserError("give queues or the cluster-wide image, not both")
+        _set_cluster_ami(patched, ami_id, os)
+        return patched
+    by_name = {str(q.get("Name")): q for q in _queues(patched)}
+    if queues is None:
+        queues = list(by_name)
+        if not queues:
+            raise UserError("the config has no Slurm queue (Scheduling.SlurmQueues) to give the image")
+    elif not queues:
+        raise UserError("no queue named: give at least one queue, or none for every queue")
     unknown = [name for name in queues if name not in by_name]
     if unknown:
         known = ", ".join(str(name) for name in by_name) or "none"
@@ -241,4 +300,5 @@ def set_custom_ami(
         elif not isinstance(image, dict):
             raise UserError(f"Scheduling.SlurmQueues {name}: Image must be a mapping (CustomAmi)")
         image["CustomAmi"] = ami_id
+    _set_strategy(patched, queue_update_strategy)
     return patched

@@ -32,11 +32,14 @@ from pcluster.validators.fsx_validators import (
 
 from gpuforge import instance_types
 from gpuforge.errors import UserError
-from gpuforge.pcluster.config import check_ami_id
-from gpuforge.pcluster.validate import supported_regions, validate
+from gpuforge.pcluster.config import DEFAULT_QUEUE_UPDATE_STRATEGY, check_ami_id
+from gpuforge.pcluster.validate import AmiFacts, image_errors, supported_regions, validate
 
-# The project's images are built on the Ubuntu 22.04 Deep Learning AMI.
-IMAGE_OS = "ubuntu2204"
+# Image.Os must be the OS of the image (its parallelcluster:os tag): ParallelCluster's
+# AmiOsCompatibleValidator refuses anything else at create time (aws-parallelcluster 3.16.1,
+# pcluster/validators/ec2_validators.py), so it comes from the spec's `os` or from the image itself
+# (`generate --check-image`), never from a constant. The values ParallelCluster takes for gpuforge's bases.
+IMAGE_OSES = ("ubuntu2204", "ubuntu2404")
 FSX_DEFAULT_NAME = "fsx"
 FSX_DEFAULT_MOUNT_DIR = "/fsx"
 
@@ -194,7 +197,8 @@ def _security_groups(fields: dict[str, _Node], networking: dict[str, Any]) -> No
 def _root_volume(fields: dict[str, _Node]) -> dict[str, Any]:
     volume: dict[str, Any] = dict(ENCRYPTED_ROOT_VOLUME["RootVolume"])
     if "root_volume_size" in fields:
-        # GiB; ParallelCluster requires at least the AMI's own root volume size (checked at create time).
+        # GiB; at least the image's root snapshot (ParallelCluster's RootVolumeSizeValidator): checked
+        # here with `generate --check-image`, and by publish / set-ami before an image moves in.
         volume["Size"] = fields["root_volume_size"].int(minimum=35)
     return {"RootVolume": volume}
 
@@ -675,6 +679,9 @@ def _slurm_settings(node: _Node) -> dict[str, Any]:
     if "scaledown_idletime" in fields:
         # Minutes an idle dynamic node waits before ParallelCluster terminates it.
         settings["ScaledownIdletime"] = fields["scaledown_idletime"].int(minimum=1)
+    # Stated always, DRAIN unless the spec says otherwise: ParallelCluster's own default
+    # (COMPUTE_FLEET_STOP) makes `pcluster update-cluster` refuse a new queue image while jobs run.
+    settings["QueueUpdateStrategy"] = DEFAULT_QUEUE_UPDATE_STRATEGY
     if "queue_update_strategy" in fields:
         settings["QueueUpdateStrategy"] = fields["queue_update_strategy"].str(
             re.compile(r"^(COMPUTE_FLEET_STOP|DRAIN|TERMINATE)$"), "COMPUTE_FLEET_STOP, DRAIN or TERMINATE"
@@ -733,11 +740,32 @@ def _monitoring(node: _Node) -> dict[str, Any]:
     return monitoring
 
 
-def generate(spec: dict[str, Any]) -> dict[str, Any]:
-    """Build and validate a ParallelCluster 3 config; a malformed spec is a UserError naming the field."""
+def _image_os(fields: dict[str, _Node], image: AmiFacts | None) -> str:
+    """Image.Os: the spec's `os`, which must match the image's tag when the image was read."""
+    tagged = image.os if image is not None else None
+    if "os" not in fields:
+        if tagged is None:
+            raise UserError(
+                f"cluster spec: os: missing: give {' or '.join(IMAGE_OSES)} (the image's parallelcluster:os "
+                "tag), or let `cluster-config generate --check-image` read it from the image"
+            )
+        if tagged not in IMAGE_OSES:
+            raise fields["ami"].fail(f"the image's OS {tagged!r} is none of {', '.join(IMAGE_OSES)}")
+        return tagged
+    os = fields["os"].str(re.compile(f"^({'|'.join(IMAGE_OSES)})$"), f"one of {', '.join(IMAGE_OSES)}")
+    if tagged is not None and tagged != os:
+        raise fields["os"].fail(f"{os} is not the image's OS: its parallelcluster:os tag says {tagged}")
+    return os
+
+
+def generate(spec: dict[str, Any], image: AmiFacts | None = None) -> dict[str, Any]:
+    """Build and validate a ParallelCluster 3 config; a malformed spec is a UserError naming the field.
+
+    image: what the spec's AMI is (its OS tag and root snapshot size), when the caller read it; the
+    config is then checked against it as ParallelCluster will check it at create time."""
     fields = _Node(spec, "").mapping(
         {"region", "ami", "head_node", "queues"},
-        {"slurm", "storage", "iam", "tags", "monitoring", "login_nodes"},
+        {"os", "slurm", "storage", "iam", "tags", "monitoring", "login_nodes"},
     )
     region = fields["region"].str()
     if region not in supported_regions():
@@ -754,7 +782,7 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
         raise fields["queues"].fail(f"queue name(s) {', '.join(dupes)} repeat; give each a distinct name")
 
     scheduling: dict[str, Any] = {"Scheduler": "slurm"}
-    slurm = _slurm_settings(fields["slurm"]) if "slurm" in fields else {}
+    slurm = _slurm_settings(fields["slurm"] if "slurm" in fields else _Node({}, "slurm"))
     requeue = [q for q in fields["queues"].items(max_len=MAX_NUMBER_OF_QUEUES) if q.value.get("requeue")]
     if requeue:
         # A job on a reclaimed Spot node goes back to the queue and restarts from its last checkpoint,
@@ -762,13 +790,13 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
         custom = slurm.setdefault("CustomSlurmSettings", [])
         if not any("JobRequeue" in entry for entry in custom):
             custom.append({"JobRequeue": 1})
-    if slurm:
-        scheduling["SlurmSettings"] = slurm
+    scheduling["SlurmSettings"] = slurm
     scheduling["SlurmQueues"] = queues
 
+    ami = fields["ami"].checked(check_ami_id)
     config: dict[str, Any] = {
         "Region": region,
-        "Image": {"Os": IMAGE_OS, "CustomAmi": fields["ami"].checked(check_ami_id)},
+        "Image": {"Os": _image_os(fields, image), "CustomAmi": ami},
         "HeadNode": _head_node(fields["head_node"], spec_iam),
         "Scheduling": scheduling,
     }
@@ -785,4 +813,7 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     # Last, so the first keys stay the ones a reader looks for (Region, Image, HeadNode, Scheduling).
     config["Imds"] = dict(IMDS)
     validate(config)
+    problems = image_errors(config, {ami: image}) if image is not None else []
+    if problems:
+        raise UserError("cluster spec: the image does not suit the cluster:\n  " + "\n  ".join(problems))
     return config

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -43,7 +44,7 @@ def supported_regions() -> frozenset[str]:
 
 
 @contextmanager
-def _region(region: str) -> Iterator[None]:
+def region_env(region: str) -> Iterator[None]:
     """Set AWS_DEFAULT_REGION for the schema load, as ParallelCluster itself does, and restore it."""
     saved = os.environ.get("AWS_DEFAULT_REGION")
     os.environ["AWS_DEFAULT_REGION"] = region
@@ -94,7 +95,7 @@ def error_lines(messages: Any, path: str = "") -> list[str]:
     return [f"{path or '(top level)'}: {messages}"]
 
 
-def _config_region(config: dict[str, Any]) -> str:
+def config_region(config: dict[str, Any]) -> str:
     region = config.get("Region") or os.environ.get("AWS_DEFAULT_REGION")
     if not region:
         raise UserError(
@@ -144,6 +145,70 @@ def security_errors(config: dict[str, Any]) -> list[str]:
     return errors
 
 
+@dataclass(frozen=True)
+class AmiFacts:
+    """What a config check needs to know of an image: its OS tag and its root snapshot's size."""
+
+    os: str | None
+    root_volume_gib: int | None
+
+
+def _node_groups(config: dict[str, Any]) -> Iterator[tuple[str, Any, Any]]:
+    """(name, AMI, RootVolume.Size) of each node group, with the AMI ParallelCluster launches it from:
+    the group's own Image.CustomAmi, else the cluster's (aws-parallelcluster 3.16.1,
+    pcluster/config/cluster_config.py head_node_ami, SlurmQueue.queue_ami, login_nodes_ami)."""
+    cluster_ami = _get(config, "Image", "CustomAmi")
+    head = _get(config, "HeadNode")
+    yield (
+        "HeadNode",
+        _get(head, "Image", "CustomAmi") or cluster_ami,
+        _get(head, "LocalStorage", "RootVolume", "Size"),
+    )
+    queues = _get(config, "Scheduling", "SlurmQueues")
+    for queue in queues if isinstance(queues, list) else []:
+        yield (
+            f"Scheduling.SlurmQueues[{_get(queue, 'Name')}]",
+            _get(queue, "Image", "CustomAmi") or cluster_ami,
+            _get(queue, "ComputeSettings", "LocalStorage", "RootVolume", "Size"),
+        )
+    pools = _get(config, "LoginNodes", "Pools")
+    for pool in pools if isinstance(pools, list) else []:
+        yield f"LoginNodes.Pools[{_get(pool, 'Name')}]", _get(pool, "Image", "CustomAmi") or cluster_ami, None
+
+
+def image_errors(config: dict[str, Any], facts: Mapping[str, AmiFacts]) -> list[str]:
+    """What ParallelCluster's create/update validators will refuse about the images in facts, checked
+    before anything moves: a node group whose image is of another OS than the cluster's Image.Os
+    (AmiOsCompatibleValidator, pcluster/validators/ec2_validators.py, an ERROR) or whose RootVolume.Size
+    is smaller than the image's snapshot (RootVolumeSizeValidator, run here itself)."""
+    from pcluster.validators.cluster_validators import RootVolumeSizeValidator
+    from pcluster.validators.common import FailureLevel
+
+    errors: list[str] = []
+    cluster_os = _get(config, "Image", "Os")
+    for group, ami, size in _node_groups(config):
+        fact = facts.get(ami) if isinstance(ami, str) else None
+        if fact is None:
+            continue
+        if fact.os and cluster_os and fact.os != cluster_os:
+            errors.append(
+                f"{group}: image {ami} is {fact.os} (its parallelcluster:os tag), the cluster's Image.Os is "
+                f"{cluster_os}; ParallelCluster refuses that, and Image.Os cannot change on an existing "
+                f"cluster: use a {cluster_os} image, or create a new {fact.os} cluster"
+            )
+        if isinstance(size, int) and fact.root_volume_gib is not None:
+            results = RootVolumeSizeValidator().execute(
+                root_volume_size=size, ami_volume_size=fact.root_volume_gib
+            )
+            errors.extend(
+                f"{group}: {r.message} (raise LocalStorage.RootVolume.Size, or bake with a smaller "
+                "--root-volume-size)"
+                for r in results
+                if r.level == FailureLevel.ERROR
+            )
+    return errors
+
+
 def validate(config: dict[str, Any]) -> None:
     """Check config against ParallelCluster's ClusterSchema and gpuforge's security rules.
 
@@ -156,9 +221,9 @@ def validate(config: dict[str, Any]) -> None:
     from marshmallow import ValidationError
     from pcluster.schemas.cluster_schema import ClusterSchema
 
-    region = _config_region(config)
+    region = config_region(config)
     try:
-        with _region(region), _no_capacity_reservation_lookup():
+        with region_env(region), _no_capacity_reservation_lookup():
             # load() may fill defaults into what it is given; the caller's dict stays untouched.
             ClusterSchema(cluster_name=_SCHEMA_CLUSTER_NAME).load(copy.deepcopy(config))
     except ValidationError as exc:
