@@ -11,8 +11,10 @@ The Packer* statements come from Packer's documented minimal policy (PACKER_DOCU
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -166,3 +168,295 @@ def ungranted(calls: dict[str, set[str]], policy: dict[str, Any]) -> list[str]:
         for action, by in sorted(calls.items())
         if action not in allowed
     ]
+
+
+# --- a policy evaluator for recorded calls --------------------------------------------------------------
+#
+# IAM's documented evaluation logic, reduced to one identity policy and no boundaries or SCPs
+# (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic.html): an explicit
+# Deny wins, then any Allow, else the request is implicitly denied. Condition operators as documented in
+# https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_condition_operators.html:
+# a missing key makes a positive operator false and a negated one true; ForAllValues is true for a
+# missing key, ForAnyValue false; several keys or operators in one block must all hold.
+
+ACCOUNT = "123456789012"  # moto's account; the evaluated ARNs carry it.
+Context = dict[str, list[str]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One authorization IAM makes: an action on one resource with its context keys."""
+
+    action: str
+    resource: str
+    context: Context
+    why: str = ""
+
+
+def _like(pattern: str, value: str, case: bool = True) -> bool:
+    return fnmatch.fnmatchcase(value if case else value.lower(), pattern if case else pattern.lower())
+
+
+def _listed(value: Any) -> list[str]:
+    if isinstance(value, bool):
+        return [str(value).lower()]
+    return (
+        [str(v).lower() if isinstance(v, bool) else str(v) for v in value]
+        if isinstance(value, list)
+        else [str(value)]
+    )
+
+
+def _compare(base: str, wanted: list[str], have: str) -> bool:
+    if base in ("StringEquals", "Bool"):
+        return have in wanted
+    if base == "StringEqualsIgnoreCase":
+        return have.lower() in [w.lower() for w in wanted]
+    if base == "StringLike":
+        return any(_like(w, have) for w in wanted)
+    if base == "ArnLike":
+        return any(_like(w, have) for w in wanted)
+    raise ValueError(f"condition operator {base} is not modelled by iamaudit")
+
+
+_NEGATED = {"StringNotEquals": "StringEquals", "StringNotLike": "StringLike", "ArnNotLike": "ArnLike"}
+
+
+def condition_holds(operator: str, key: str, wanted_raw: Any, context: Context) -> bool:
+    """One operator/key pair of a Condition block against the request context."""
+    wanted = _listed(wanted_raw)
+    values = next((v for k, v in context.items() if k.lower() == key.lower()), None)
+    qualifier, _, base = operator.rpartition(":")
+    if_exists = base.endswith("IfExists")
+    base = base.removesuffix("IfExists")
+    if base == "Null":
+        return (values is None) == (wanted[0] == "true")
+    negated = base in _NEGATED
+    base = _NEGATED.get(base, base)
+    if values is None:
+        if qualifier == "ForAllValues" or if_exists:
+            return True
+        return negated and qualifier != "ForAnyValue"
+    if qualifier == "ForAllValues":
+        result = all(_compare(base, wanted, v) for v in values)
+    elif qualifier == "ForAnyValue":
+        result = any(_compare(base, wanted, v) for v in values)
+    else:
+        if len(values) != 1:
+            raise ValueError(f"{key} has several values; a single-valued operator {operator} cannot test it")
+        result = _compare(base, wanted, values[0])
+    return not result if negated else result
+
+
+def _matches(statement: dict[str, Any], request: Request) -> bool:
+    if "Action" in statement:
+        acted = any(_like(a, request.action, case=False) for a in _listed(statement["Action"]))
+    else:
+        acted = not any(_like(a, request.action, case=False) for a in _listed(statement["NotAction"]))
+    if not acted:
+        return False
+    if "Resource" in statement:
+        placed = any(_like(r, request.resource) for r in _listed(statement["Resource"]))
+    else:
+        placed = not any(_like(r, request.resource) for r in _listed(statement["NotResource"]))
+    if not placed:
+        return False
+    return all(
+        condition_holds(operator, key, wanted, request.context)
+        for operator, block in statement.get("Condition", {}).items()
+        for key, wanted in block.items()
+    )
+
+
+def decide(policy: dict[str, Any], request: Request) -> str:
+    """ "Deny" (explicit), "Allow", or "ImplicitDeny"."""
+    statements = policy["Statement"]
+    if any(s["Effect"] == "Deny" and _matches(s, request) for s in statements):
+        return "Deny"
+    if any(s["Effect"] == "Allow" and _matches(s, request) for s in statements):
+        return "Allow"
+    return "ImplicitDeny"
+
+
+# --- from a recorded call to the authorizations EC2, SSM, S3 and KMS make for it --------------------------
+#
+# Resource types and condition keys per action: the Service Authorization Reference for Amazon EC2
+# (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html). Tags given at
+# creation are also authorized as ec2:CreateTags with ec2:CreateAction
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/supported-iam-actions-tagging.html). CopyImage is
+# authorized on the source image (since 2024-10-28), the new image and its snapshots, and tagging the copy
+# needs ec2:CreateTags (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/copy-ami-permissions.html).
+# Unsourced and therefore modelled conservatively: whether tags that CopyImageTags carries over reach IAM as
+# aws:RequestTag (assumed yes, with ec2:CreateAction=CopyImage); the authorization still needs them to name
+# the build id, which the policy requires.
+
+_PREFIXES = {
+    "i-": "instance",
+    "ami-": "image",
+    "snap-": "snapshot",
+    "sg-": "security-group",
+    "vol-": "volume",
+    "subnet-": "subnet",
+    "eni-": "network-interface",
+    "vpc-": "vpc",
+}
+# What each creating action makes (the resource types of its TagSpecifications).
+_CREATES = {
+    "RunInstances": ("instance", "volume", "network-interface"),
+    "CreateImage": ("image", "snapshot"),
+    "CopyImage": ("image", "snapshot"),
+    "CreateSecurityGroup": ("security-group",),
+    "CreateKeyPair": ("key-pair",),
+}
+_NEW_ID = {"instance": "i-new", "volume": "vol-new", "network-interface": "eni-new"}
+
+
+def resource_type(resource_id: str) -> str:
+    return next((kind for prefix, kind in _PREFIXES.items() if resource_id.startswith(prefix)), "key-pair")
+
+
+def arn(region: str, kind: str, name: str) -> str:
+    # Images and snapshots have no account in their ARN (Service Authorization Reference, EC2 resource types).
+    account = "" if kind in ("image", "snapshot") else ACCOUNT
+    return f"arn:aws:ec2:{region}:{account}:{kind}/{name}"
+
+
+def _tag_context(prefix: str, tags: dict[str, str]) -> Context:
+    return {f"{prefix}/{k}": [v] for k, v in tags.items()}
+
+
+def _base(call: dict[str, Any]) -> Context:
+    return {"aws:RequestedRegion": [call["region"]], "ec2:Region": [call["region"]]}
+
+
+def _existing(call: dict[str, Any], action: str, why: str) -> list[Request]:
+    """The action on each resource the call names, with the tags that resource carried then."""
+    requests = []
+    for resource_id, tags in call.get("resources", {}).items():
+        kind = resource_type(resource_id)
+        context = {
+            **_base(call),
+            **_tag_context("aws:ResourceTag", tags),
+            **_tag_context("ec2:ResourceTag", tags),
+        }
+        requests.append(Request(action, arn(call["region"], kind, resource_id), context, why))
+    return requests
+
+
+def _created(call: dict[str, Any], action: str) -> list[Request]:
+    """The creating action on each new resource, and the CreateTags authorization for its tags."""
+    requests = []
+    request_tags = call.get("request_tags", {})
+    if call["action"] == "CopyImage" and call.get("params", {}).get("CopyImageTags") == "true":
+        # The copy carries the source image's tags (see the note above).
+        source: dict[str, str] = next(iter(call.get("resources", {}).values()), {})
+        request_tags = {"image": source, "snapshot": source, **request_tags}
+    for kind in _CREATES[call["action"]]:
+        tags = request_tags.get(kind, {})
+        name = (
+            call.get("created", "new")
+            if kind in ("image", "key-pair", "security-group")
+            else _NEW_ID.get(kind, "new")
+        )
+        if kind == "snapshot":
+            name = "snap-new"
+        context = {**_base(call), **_tag_context("aws:RequestTag", tags)}
+        if tags:
+            context["aws:TagKeys"] = sorted(tags)
+        if call["action"] == "RunInstances" and kind == "instance":
+            context["ec2:InstanceType"] = [call.get("params", {}).get("InstanceType", "")]
+        resource = arn(call["region"], kind, name)
+        requests.append(Request(action, resource, context, f"new {kind}"))
+        if tags:
+            tagging = {**context, "ec2:CreateAction": [call["action"]]}
+            requests.append(Request("ec2:CreateTags", resource, tagging, f"tags on the new {kind}"))
+    return requests
+
+
+def implied_kms_requests(call: dict[str, Any]) -> list[Request]:
+    """What EC2 asks KMS on the caller's behalf for a customer-managed key named in the call.
+
+    The user permissions EBS encryption needs (https://docs.aws.amazon.com/ebs/latest/userguide/
+    ebs-encryption-requirements.html): kms:CreateGrant (only for AWS resources: kms:GrantIsForAWSResource),
+    kms:Decrypt, kms:DescribeKey, kms:GenerateDataKeyWithoutPlaintext, kms:ReEncrypt*; EC2 makes them
+    through the service, so kms:ViaService is ec2.<region>.amazonaws.com
+    (https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-via-service).
+    """
+    keys = [v for k, v in call.get("params", {}).items() if k.endswith("KmsKeyId") and v]
+    via = {"kms:ViaService": [f"ec2.{call['region']}.amazonaws.com"], "aws:RequestedRegion": [call["region"]]}
+    requests = []
+    for key in keys:
+        for action in EBS_KMS_ACTIONS:
+            context = dict(via)
+            if action == "kms:CreateGrant":
+                context["kms:GrantIsForAWSResource"] = ["true"]
+            requests.append(Request(action, key, context, f"EBS encryption for {call['action']}"))
+    return requests
+
+
+EBS_KMS_ACTIONS = (
+    "kms:CreateGrant",
+    "kms:Decrypt",
+    "kms:DescribeKey",
+    "kms:GenerateDataKeyWithoutPlaintext",
+    "kms:ReEncryptFrom",
+    "kms:ReEncryptTo",
+)
+
+
+def _ec2_requests(call: dict[str, Any]) -> list[Request]:
+    action = f"ec2:{call['action']}"
+    if call["action"].startswith("Describe"):
+        return [Request(action, "*", _base(call), "EC2 Describe* has no resource-level permissions")]
+    if call["action"] == "CreateTags":
+        tags = call.get("request_tags", {}).get("", {})
+        requests = _existing(call, action, "tags an existing resource")
+        extra = {**_tag_context("aws:RequestTag", tags), "aws:TagKeys": sorted(tags)}
+        return [Request(r.action, r.resource, {**r.context, **extra}, r.why) for r in requests]
+    requests = []
+    if call["action"] in _CREATES:
+        requests += _created(call, action)
+        # RunInstances also uses the base image, key pair, security groups and subnet it names.
+        requests += [r for r in _existing(call, action, "used by the new resource")]
+    else:
+        requests += _existing(call, action, "acts on an existing resource")
+    profile = call.get("params", {}).get("IamInstanceProfile.Name")
+    if call["action"] == "RunInstances" and profile:
+        # gpuforge's builder profile and its role share one name (gpuforge.ami.iam, BuilderRole).
+        requests.append(
+            Request("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/{profile}", {}, "the builder's role")
+        )
+    return requests + implied_kms_requests(call)
+
+
+def requests_for(call: dict[str, Any]) -> list[Request]:
+    """Every authorization IAM makes for one recorded call."""
+    service = call.get("service", "ec2")
+    if service == "ec2":
+        return _ec2_requests(call)
+    region = call.get("region", "us-east-1")
+    context: Context = {"aws:RequestedRegion": [region]}
+    if service == "ssm":
+        name = call.get("Name") or call.get("Path", "")
+        account = "" if name.startswith("/aws/service/") else ACCOUNT
+        resource = f"arn:aws:ssm:{region}:{account}:parameter{name}"
+        return [Request(f"ssm:{call['action']}", resource, context)]
+    if service == "iam":
+        name = call.get("params", {}).get("InstanceProfileName", "")
+        return [Request(f"iam:{call['action']}", f"arn:aws:iam::{ACCOUNT}:instance-profile/{name}", context)]
+    return [Request(f"{service}:{call['action']}", call.get("resource", "*"), context)]
+
+
+def denied(policy: dict[str, Any], calls: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per authorization of the calls that the policy does not allow."""
+    lines = []
+    for call in calls:
+        for request in requests_for(call):
+            outcome = decide(policy, request)
+            if outcome != "Allow":
+                where = call.get("source") or call.get("step") or ""
+                line = (
+                    f"{call['action']} -> {request.action} on {request.resource} ({request.why}): {outcome}"
+                )
+                lines.append(f"{line} {where}".rstrip())
+    return lines

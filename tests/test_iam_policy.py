@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 
 import iamaudit
+import packerrecord
 from gpuforge import aws as gpuforge_aws
 from gpuforge.ami import images
 from gpuforge.lab.moto import MotoServer
 from imagetools import baked_image
+from test_packer_security import needs_packer_1_6
 
 
 def test_policy_is_valid_and_names_every_action() -> None:
@@ -29,7 +33,7 @@ def test_policy_is_valid_and_names_every_action() -> None:
     sids = [statement["Sid"] for statement in policy["Statement"]]
     assert len(sids) == len(set(sids))
     for statement in policy["Statement"]:
-        assert statement["Sid"].startswith(("Gpuforge", "Packer")), statement["Sid"]
+        assert statement["Sid"].startswith(("Gpuforge", "Packer", "EbsEncryption")), statement["Sid"]
         assert statement["Effect"] == "Allow"
         actions = statement["Action"]
         assert isinstance(actions, list) and actions == sorted(actions), statement["Sid"]
@@ -51,9 +55,10 @@ def test_destructive_actions_are_scoped() -> None:
         assert "*" not in resources, f"{statement['Sid']} grants {destructive} on every resource"
         assert all(r.startswith("arn:aws:") for r in resources)
     statements = {s["Sid"]: s for s in iamaudit.load_policy()["Statement"]}
-    # Images and snapshots: only those gpuforge tagged (Packer tags both with gpuforge:flavor).
+    # Images and snapshots: only those a bake made. The build id is on them from CreateImage on (the
+    # amazon plugin tags the image and its snapshot with run_tags); gpuforge:flavor only from the last step.
     for sid in ("GpuforgeRetireOwnImages", "GpuforgeRetireOwnSnapshots"):
-        assert statements[sid]["Condition"] == {"StringLike": {"aws:ResourceTag/gpuforge:flavor": "?*"}}
+        assert statements[sid]["Condition"] == {"StringLike": {"aws:ResourceTag/gpuforge:build-id": "?*"}}
     # SSM writes only under the project's prefix; PassRole only for the builder's profile.
     assert statements["GpuforgeParameters"]["Resource"] == "arn:aws:ssm:*:*:parameter/gpuforge/*"
     assert all("gpuforge-builder" in r for r in statements["PackerPassBuilderRole"]["Resource"])
@@ -68,6 +73,24 @@ def test_policy_grants_exactly_what_the_pipeline_code_calls() -> None:
     assert not missing, f"code calls actions the policy does not grant: {missing}"
     unused = gpuforge_grants - set(called)
     assert not unused, f"the policy grants actions no gpuforge code path calls: {sorted(unused)}"
+
+
+def test_kms_grants_are_ebs_encryptions_and_only_through_ec2() -> None:
+    """A customer-managed key: what EBS needs, only via EC2, grants only for AWS resources."""
+    for statement in iamaudit.load_policy()["Statement"]:
+        kms = [a for a in statement["Action"] if a.startswith("kms:")]
+        if not kms:
+            continue
+        assert statement["Sid"].startswith("EbsEncryption") and set(kms) <= set(iamaudit.EBS_KMS_ACTIONS)
+        assert statement["Condition"]["StringLike"]["kms:ViaService"] == "ec2.*.amazonaws.com"
+        if "kms:CreateGrant" in kms:
+            assert statement["Condition"]["Bool"] == {"kms:GrantIsForAWSResource": "true"}
+
+
+def test_policy_fits_a_managed_policy() -> None:
+    """IAM's managed-policy limit: 6,144 characters, whitespace not counted (IAM and STS quotas page)."""
+    text = iamaudit.POLICY.read_text()
+    assert len("".join(text.split())) <= 6144
 
 
 def test_packer_grants_come_from_packers_documented_policy() -> None:
@@ -93,14 +116,14 @@ def test_a_new_call_without_its_permission_is_caught(tmp_path: Path) -> None:
 
     log = tmp_path / "calls.jsonl"
     log.write_text(
-        json.dumps({"action": "ec2:CopyImage", "caller": "gpuforge.ami.copy"})
+        json.dumps({"action": "ec2:DeleteVolume", "caller": "gpuforge.ami.copy"})
         + "\n"
         + json.dumps({"action": "ec2:RunInstances", "caller": "gpuforge.lab.ec2"})
         + "\n"
     )
-    # The lab's own calls are not the pipeline's; the pipeline's CopyImage is reported.
+    # The lab's own calls are not the pipeline's; the pipeline's DeleteVolume is reported.
     problems = iamaudit.ungranted(iamaudit.recorded_actions(log), iamaudit.load_policy())
-    assert problems == ["ec2:CopyImage (called by gpuforge.ami.copy)"]
+    assert problems == ["ec2:DeleteVolume (called by gpuforge.ami.copy)"]
 
 
 def test_client_records_each_call_with_its_caller(
@@ -190,3 +213,250 @@ def test_pipeline_role_refuses_a_malformed_repository() -> None:
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "is not OWNER/NAME" in result.stderr
+
+
+# --- the policy against Packer's real call order (gpuforge issue 28) ------------------------------------
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "packer"
+PLUGIN_SEQUENCE = json.loads((FIXTURES / "amazon-ebs-sequence.json").read_text())
+RECORDED_SCENARIOS = ("success", "fail-after-create-image")
+
+
+def _made(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls that reached EC2 (a call the recorder refused as IAM would is not one to grant)."""
+    return [c for c in calls if c.get("status", 200) == 200]
+
+
+@pytest.mark.parametrize("scenario", sorted(PLUGIN_SEQUENCE["scenarios"]))
+def test_policy_allows_every_call_of_the_amazon_plugins_bake(scenario: str) -> None:
+    """packer-plugin-amazon v1.8.2 (production: Packer 1.11.2, plugin ~> 1.3), its calls in its order.
+
+    The failed bake's cleanup (stepCreateAMI.Cleanup: DeregisterImage, DeleteSnapshot; terminate, delete
+    the group and key pair) is allowed too, so a failed bake leaves nothing behind.
+    """
+    calls = _made(PLUGIN_SEQUENCE["scenarios"][scenario]["calls"])
+    assert iamaudit.denied(iamaudit.load_policy(), calls) == []
+    if scenario != "success":
+        assert {"DeregisterImage", "DeleteSnapshot", "TerminateInstances"} <= {c["action"] for c in calls}
+
+
+def test_the_plugin_sequence_names_its_source() -> None:
+    about = PLUGIN_SEQUENCE["about"]
+    assert about["tag"] == "v1.8.2" and len(about["commit"]) == 40
+    for scenario in PLUGIN_SEQUENCE["scenarios"].values():
+        for call in scenario["calls"]:
+            assert re.fullmatch(r"(common|builder/ebs)/\w+\.go:\d+", call["source"]), call
+
+
+def _recorded(scenario: str) -> dict[str, Any]:
+    return dict(json.loads((FIXTURES / f"packer-1.6.6-{scenario}.json").read_text()))
+
+
+def test_packer_1_6_order_matches_the_plugins_step_order() -> None:
+    """Debian's Packer 1.6.6 makes the plugin's calls in the plugin's order (same steps, same sequence)."""
+    recorded = [c["action"] for c in _recorded("success")["calls"] if not c["action"].startswith("Describe")]
+    plugin = [
+        c["action"]
+        for c in PLUGIN_SEQUENCE["scenarios"]["success"]["calls"]
+        if not c["action"].startswith("Describe") and c["service"] == "ec2"
+    ]
+    # The plugin sets imds_support (amazon-ebs.pkr.hcl.modern): one more ModifyImageAttribute per region.
+    plugin_without_imds = [
+        a
+        for a, c in zip(
+            plugin,
+            [
+                c
+                for c in PLUGIN_SEQUENCE["scenarios"]["success"]["calls"]
+                if not c["action"].startswith("Describe") and c["service"] == "ec2"
+            ],
+            strict=True,
+        )
+        if "ImdsSupport.Value" not in c.get("params", {})
+    ]
+    assert recorded == plugin_without_imds
+
+
+# Where Packer 1.6.6 differs: it tags nothing it creates except the instance and its volumes (no run_tags on
+# CreateKeyPair, CreateSecurityGroup, CreateImage; CopyImage without CopyImageTags), so the image and its
+# copy are untagged until StepCreateTags, its last step. No tag-scoped policy can let it modify, tag or clean
+# up those images without letting the role do so to every untagged image of the account.
+PACKER_1_6_DENIED = {
+    "success": {
+        ("CreateSecurityGroup", "security-group"),
+        ("AuthorizeSecurityGroupIngress", "security-group"),
+        ("CreateImage", "image"),
+        ("CreateImage", "snapshot"),
+        ("CopyImage", "image"),
+        ("CopyImage", "snapshot"),
+        ("ModifyImageAttribute", "image"),
+        ("CreateTags", "image"),
+        ("CreateTags", "snapshot"),
+        ("DeleteSecurityGroup", "security-group"),
+    },
+    "fail-after-create-image": {
+        ("CreateSecurityGroup", "security-group"),
+        ("AuthorizeSecurityGroupIngress", "security-group"),
+        ("CreateImage", "image"),
+        ("CreateImage", "snapshot"),
+        ("CopyImage", "image"),
+        ("CopyImage", "snapshot"),
+        ("DeregisterImage", "image"),
+        ("DeleteSnapshot", "snapshot"),
+        ("DeleteSecurityGroup", "security-group"),
+    },
+}
+
+
+@pytest.mark.parametrize("scenario", RECORDED_SCENARIOS)
+def test_packer_1_6_recording_is_denied_exactly_where_it_tags_late(scenario: str) -> None:
+    """The real builder's record: all Packer 1.6.6 needs beyond the policy comes from its late tags."""
+    record = _recorded(scenario)
+    assert record["about"]["packer"] == "1.6.6"
+    policy = iamaudit.load_policy()
+    got = set()
+    for call in _made(record["calls"]):
+        for request in iamaudit.requests_for(call):
+            if iamaudit.decide(policy, request) != "Allow":
+                got.add((call["action"], request.resource.split(":")[-1].split("/")[0]))
+    assert got == PACKER_1_6_DENIED[scenario]
+    # The calls it shares with the plugin are allowed: launch, stop, terminate, the key pair.
+    actions = {c["action"] for c in _made(record["calls"])}
+    assert {"RunInstances", "StopInstances", "TerminateInstances", "DeleteKeyPair"} <= actions
+
+
+@pytest.mark.slow
+@needs_packer_1_6
+@pytest.mark.parametrize("scenario", packerrecord.SCENARIOS, ids=lambda s: s.name)
+def test_recording_the_real_builder_again_gives_the_committed_sequence(
+    scenario: packerrecord.Scenario, moto_server: MotoServer, tmp_path: Path
+) -> None:
+    """Packer 1.6.6 against moto through awsrecorder: the same calls, in order, with the same tags."""
+    fresh = packerrecord.record(scenario, moto_server, tmp_path)
+    committed = _recorded(scenario.name)
+    assert fresh["about"]["exit_status"] == committed["about"]["exit_status"]
+
+    def shape(calls: list[dict[str, Any]]) -> list[tuple[str, str, int, list[str]]]:
+        """Each call without its ids (moto makes new ones each run): action, region, status, tags."""
+        return [
+            (
+                str(c["action"]),
+                str(c["region"]),
+                int(c["status"]),
+                sorted(json.dumps(t, sort_keys=True) for t in c.get("resources", {}).values()),
+            )
+            for c in calls
+        ]
+
+    # Packer walks its region -> image map (a Go map) in no fixed order: compare each region's sequence,
+    # and leave out ModifyImageAttribute, whose count before the refused one depends on that order.
+    def by_region(calls: list[dict[str, Any]]) -> list[tuple[str, str, int, list[str]]]:
+        kept = [c for c in calls if c["action"] != "ModifyImageAttribute"]
+        return sorted(shape(kept), key=lambda call: call[1])
+
+    def refused(calls: list[dict[str, Any]]) -> list[str]:
+        return [c["action"] for c in calls if c["status"] != 200]
+
+    assert refused(fresh["calls"]) == refused(committed["calls"])
+
+    assert by_region(fresh["calls"]) == by_region(committed["calls"])
+
+
+# gpuforge's own calls with the resources as they are when it makes them (scripts/gpuforge/ami): the
+# bake's IMDSv2 calls, installed tags and _discard; publish; prune.
+BUILD = {"gpuforge:build-id": "20261206-x", "Name": "gpuforge-bake-20261206-x"}
+IMAGE = {**BUILD, "gpuforge:flavor": "dlami"}
+GPUFORGE_CALLS: list[dict[str, Any]] = [
+    # bake.BuilderImds -> images.require_instance_imdsv2: the builder Packer launched with run_tags.
+    {
+        "action": "ModifyInstanceMetadataOptions",
+        "region": "us-east-1",
+        "resources": {"i-0123456789abcdef0": BUILD},
+    },
+    # images.require_imdsv2 and images.add_tags on the image and on a copy in another region.
+    {"action": "ModifyImageAttribute", "region": "us-east-1", "resources": {"ami-0123456789abcdef0": IMAGE}},
+    {"action": "ModifyImageAttribute", "region": "us-west-2", "resources": {"ami-0123456789abcdef1": IMAGE}},
+    {
+        "action": "CreateTags",
+        "region": "us-west-2",
+        "resources": {"ami-0123456789abcdef1": IMAGE},
+        "request_tags": {"": {"gpuforge:installed:nccl": "2.27.7"}},
+    },
+    # bake._discard: images of a failed bake found by build id (the copy carries it from CopyImage on).
+    {"action": "DeregisterImage", "region": "us-west-2", "resources": {"ami-0123456789abcdef1": BUILD}},
+    {"action": "DeleteSnapshot", "region": "us-west-2", "resources": {"snap-0123456789abcdef1": BUILD}},
+    # prune / publish.
+    {"action": "DeregisterImage", "region": "us-east-1", "resources": {"ami-0123456789abcdef0": IMAGE}},
+    {"action": "DeleteSnapshot", "region": "us-east-1", "resources": {"snap-0123456789abcdef0": IMAGE}},
+    {"service": "ssm", "action": "PutParameter", "region": "us-east-1", "Name": "/gpuforge/ami/dlami/latest"},
+    {"service": "ssm", "action": "GetParametersByPath", "region": "us-east-1", "Path": "/gpuforge"},
+    {
+        "service": "ssm",
+        "action": "GetParameter",
+        "region": "us-east-1",
+        "Name": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+    },
+]
+
+
+def test_policy_allows_gpuforges_own_calls_on_what_a_bake_made() -> None:
+    assert iamaudit.denied(iamaudit.load_policy(), GPUFORGE_CALLS) == []
+
+
+OUT_OF_SCOPE = [
+    # A p5 "builder": only the builder families may be launched.
+    {
+        "action": "RunInstances",
+        "region": "us-east-1",
+        "request_tags": {"instance": BUILD, "volume": BUILD},
+        "params": {"InstanceType": "p5.48xlarge"},
+    },
+    # A builder without the build id on it, or on its volumes.
+    {"action": "RunInstances", "region": "us-east-1", "params": {"InstanceType": "g5.2xlarge"}},
+    {
+        "action": "RunInstances",
+        "region": "us-east-1",
+        "request_tags": {"instance": BUILD},
+        "params": {"InstanceType": "g5.2xlarge"},
+    },
+    # Images and snapshots a bake did not make.
+    {
+        "action": "DeregisterImage",
+        "region": "us-east-1",
+        "resources": {"ami-0fee1d00000000001": {"Name": "other"}},
+    },
+    {"action": "ModifyImageAttribute", "region": "us-east-1", "resources": {"ami-0fee1d00000000001": {}}},
+    {"action": "DeleteSnapshot", "region": "us-east-1", "resources": {"snap-0fee1d00000000001": {}}},
+    # Tagging a foreign image into scope.
+    {
+        "action": "CreateTags",
+        "region": "us-east-1",
+        "resources": {"ami-0fee1d00000000001": {}},
+        "request_tags": {"": {"gpuforge:build-id": "stolen"}},
+    },
+    # An instance Packer did not launch.
+    {
+        "action": "TerminateInstances",
+        "region": "us-east-1",
+        "resources": {"i-0fee1d00000000001": {"Name": "db"}},
+    },
+    {"action": "StopInstances", "region": "us-east-1", "resources": {"i-0fee1d00000000001": {}}},
+    # An image registered without the build id.
+    {"action": "CreateImage", "region": "us-east-1", "resources": {"i-0123456789abcdef0": BUILD}},
+    # A security group Packer did not create.
+    {"action": "DeleteSecurityGroup", "region": "us-east-1", "resources": {"sg-0fee1d00000000001": {}}},
+]
+
+
+@pytest.mark.parametrize("call", OUT_OF_SCOPE, ids=lambda c: f"{c['action']}-{OUT_OF_SCOPE.index(c)}")
+def test_policy_denies_what_no_bake_needs(call: dict[str, Any]) -> None:
+    assert iamaudit.denied(iamaudit.load_policy(), [call]) != []
+
+
+def test_kms_grants_only_for_aws_resources_through_ec2() -> None:
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    policy = iamaudit.load_policy()
+    direct = iamaudit.Request("kms:CreateGrant", key, {"kms:ViaService": ["ec2.us-east-1.amazonaws.com"]})
+    assert iamaudit.decide(policy, direct) == "ImplicitDeny"
+    decrypt = iamaudit.Request("kms:Decrypt", key, {})
+    assert iamaudit.decide(policy, decrypt) == "ImplicitDeny"
