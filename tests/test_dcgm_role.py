@@ -78,7 +78,7 @@ def test_the_production_default_is_nvidias_package_which_needs_no_docker() -> No
     spec = _yaml(ROLE / "meta/argument_specs.yml")["argument_specs"]["main"]["options"]
     assert spec["dcgm_exporter_install_method"]["default"] == "package"
     assert "package" in spec["dcgm_exporter_install_method"]["choices"]
-    lab = _yaml(REPO / "inventory/group_vars/gpuforge_lab/nvidia_fixtures.yml")
+    lab = _yaml(REPO / "inventory/group_vars/gpuforge_lab/artifacts.yml")
     assert not {name for name in lab if name.startswith("dcgm_")}, "the lab must run the production default"
     package_tasks = (ROLE / "tasks/exporter_package.yml").read_text()
     assert "docker" not in package_tasks.lower()
