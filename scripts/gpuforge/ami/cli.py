@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuforge import aws, targets, versions
-from gpuforge.ami import bake, iam, images, inputs, prune, publish, references
+from gpuforge.ami import bake, canary, iam, images, inputs, promote, prune, publish, references
 from gpuforge.cliargs import nonempty, positive_int
 from gpuforge.errors import UserError
 from gpuforge.pcluster import config as pcluster_config
@@ -133,6 +133,12 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
         "--work-dir", type=Path, help="where bakes keep templates, logs, manifests (default build/ami)"
     )
     parser.add_argument("--no-publish", action="store_true", help="register the image but do not publish it")
+    parser.add_argument(
+        "--candidate",
+        action="store_true",
+        help="publish to /gpuforge/ami/FLAVOR/OS/candidate instead of latest (then `gpuforge canary`, "
+        "`gpuforge promote`)",
+    )
 
 
 def register(sub: Any) -> None:
@@ -214,6 +220,7 @@ def register(sub: Any) -> None:
         help="the workflow environment the OIDC trust requires (default %(default)s)",
     )
     p_role.set_defaults(handler=_pipeline_role)
+    _register_promotion(sub)
 
 
 def _options(args: argparse.Namespace) -> bake.BakeOptions:
@@ -263,6 +270,8 @@ def _publish_image(args: argparse.Namespace, ami: str) -> None:
 
 
 def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> int:
+    if args.candidate:
+        return _bake_candidate(args, options)
     if not args.no_publish:
         # What the image will be: its OS, and its root volume (every node's minimum RootVolume.Size).
         facts = AmiFacts(images.IMAGE_OSES[options.base_os], options.root_volume_size_gib)
@@ -363,4 +372,143 @@ def _prune(args: argparse.Namespace) -> int:
         print(f"{verb:8} {copy.id}  {copy.name}  (copy in {copy_region})  snapshots: {snapshots}")
     if not args.dry_run:
         prune.execute(result, region)
+    return 0
+
+
+# --- promotion: canary, promote, rollback (gpuforge.ami.canary, gpuforge.ami.promote) ------------------
+
+
+def _add_flavor_os(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser)
+    parser.add_argument(
+        "--os",
+        choices=sorted(images.IMAGE_OSES.values()),
+        default=images.DEFAULT_IMAGE_OS,
+        help="the image's OS (its parameters live under /gpuforge/ami/FLAVOR/OS/)",
+    )
+
+
+def _register_promotion(sub: Any) -> None:
+    p_canary = sub.add_parser(
+        "canary",
+        help="boot an image on a target instance type, run its health, smoke and NCCL checks there, "
+        "record the verdict on the image, and terminate what was launched",
+    )
+    _add_flavor_os(p_canary)
+    p_canary.add_argument("--ami", help="image to check (default: the candidate parameter's image)")
+    p_canary.add_argument("--instance-type", required=True, help="one of the image's target instance types")
+    p_canary.add_argument("--count", type=int, default=1, help="1, or 2 to add an nccl-tests all_reduce")
+    p_canary.add_argument("--subnet-id", type=nonempty, help="subnet to launch in (default: the default VPC)")
+    p_canary.add_argument(
+        "--security-group-id",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="security group (EFA needs one allowing all traffic within itself; default: the VPC's default)",
+    )
+    p_canary.add_argument("--placement-group", type=nonempty, help="cluster placement group to launch in")
+    p_canary.add_argument(
+        "--capacity-reservation-id", type=nonempty, help="On-Demand Capacity Reservation or Capacity Block id"
+    )
+    p_canary.add_argument(
+        "--capacity-block",
+        action="store_true",
+        help="the reservation is a Capacity Block (launch with market type capacity-block)",
+    )
+    p_canary.add_argument(
+        "--instance-profile",
+        required=True,
+        type=nonempty,
+        help="instance profile for the nodes: SSM core permissions and s3:PutObject on the results prefix",
+    )
+    p_canary.add_argument(
+        "--results-bucket", required=True, type=nonempty, help="S3 bucket SSM writes the nodes' output to"
+    )
+    p_canary.add_argument("--results-prefix", default="gpuforge-canary", type=nonempty, help="key prefix")
+    p_canary.add_argument(
+        "--boot-timeout", type=positive_int, default=1800, metavar="S", help="seconds to run and reach SSM"
+    )
+    p_canary.add_argument(
+        "--command-timeout", type=positive_int, default=7200, metavar="S", help="seconds per node command"
+    )
+    p_canary.add_argument("--baseline", type=Path, metavar="FILE", help="nccl baseline file (nccl-report)")
+    p_canary.add_argument("--out", type=Path, metavar="DIR", help="for canary.json and the NCCL report")
+    p_canary.set_defaults(handler=_canary)
+
+    p_promote = sub.add_parser(
+        "promote", help="point latest at an image whose canary passed (the old one stays at .../previous)"
+    )
+    _add_flavor_os(p_promote)
+    p_promote.add_argument("--ami", help="image to promote (default: the candidate parameter's image)")
+    _add_cluster_config(p_promote, "ParallelCluster config to give the promoted image; repeatable")
+    p_promote.add_argument(
+        "--force", action="store_true", help="promote an image without a recorded canary pass (warns loudly)"
+    )
+    p_promote.set_defaults(handler=_promote)
+
+    p_rollback = sub.add_parser("rollback", help="point latest back at the image .../previous names")
+    _add_flavor_os(p_rollback)
+    _add_cluster_config(p_rollback, "ParallelCluster config to give the restored image; repeatable")
+    p_rollback.set_defaults(handler=_rollback)
+
+
+def _canary(args: argparse.Namespace) -> int:
+    ami = args.ami
+    if ami is None:
+        name = promote.candidate_parameter(args.flavor, args.os)
+        ami = publish.read_parameter(name, args.region)
+        if ami is None:
+            raise UserError(f"no candidate: {name} does not exist (rebuild --candidate first, or pass --ami)")
+    request = canary.Request(
+        ami=ami,
+        instance_type=args.instance_type,
+        count=args.count,
+        results_bucket=args.results_bucket,
+        instance_profile=args.instance_profile,
+        subnet_id=args.subnet_id,
+        security_group_ids=tuple(args.security_group_id),
+        placement_group=args.placement_group,
+        capacity_reservation_id=args.capacity_reservation_id,
+        capacity_block=args.capacity_block,
+        results_prefix=args.results_prefix,
+        region=args.region,
+        boot_timeout_s=args.boot_timeout,
+        command_timeout_s=args.command_timeout,
+        baseline_file=args.baseline,
+        out_dir=args.out,
+    )
+    outcome = canary.run(request)
+    verdict = canary.PASSED if outcome.passed else canary.FAILED
+    print(f"{ami}: canary {verdict} on {args.count} x {args.instance_type} (run {outcome.run_id})")
+    for reason in outcome.reasons:
+        print(f"  {reason}", file=sys.stderr)
+    return 0 if outcome.passed else 1
+
+
+def _promote(args: argparse.Namespace) -> int:
+    move = promote.promote(
+        args.flavor, args.os, args.ami, args.region, args.cluster_config, ConfigChange(), args.force
+    )
+    print(*move.lines(), sep="\n")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    move = promote.rollback(args.flavor, args.os, args.region, args.cluster_config, ConfigChange())
+    print(*move.lines(), sep="\n")
+    return 0
+
+
+def _bake_candidate(args: argparse.Namespace, options: bake.BakeOptions) -> int:
+    """bake/rebuild --candidate: the new image goes to .../candidate only; configs move at promote."""
+    if args.parameter or args.cluster_config:
+        raise UserError(
+            "--candidate publishes only to /gpuforge/ami/FLAVOR/OS/candidate: drop --parameter and "
+            "--cluster-config (give configs to `gpuforge promote`)"
+        )
+    image = bake.bake_aws(options)
+    if not args.no_publish:
+        name = promote.publish_candidate(image.id, options.flavor, options.region)
+        print(f"candidate: {name}", file=sys.stderr)
+    print(image.id)
     return 0
