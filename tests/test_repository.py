@@ -44,7 +44,7 @@ def test_ansible_cfg_points_at_this_repository() -> None:
     assert "roles_path" not in cfg["defaults"]
     assert cfg["defaults"]["collections_path"].split(":")[0] == "./collections"
     assert (REPO / "collections/ansible_collections/gpuforge/gpu").resolve() == REPO
-    assert cfg["defaults"]["inventory"] == "./inventory/aws_ec2.yml"
+    assert cfg["defaults"]["inventory"] == "./inventory/ec2_fleet.yml"
     assert cfg["ssh_connection"].getboolean("pipelining")
     assert cfg["defaults"]["fact_caching"] == "jsonfile"
     assert int(cfg["defaults"]["forks"]) > 5
