@@ -25,7 +25,7 @@ import boto3
 import pytest
 
 from gpuforge import aws, cli, targets, versions
-from gpuforge.ami import bake, images, publish
+from gpuforge.ami import bake, images, inputs, publish
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.lab.moto import MotoServer
 
@@ -274,6 +274,8 @@ def test_bake_registers_tagged_imdsv2_image(baked: Baked) -> None:
     assert baked.variables["image_tags"] == {
         **manifest.image_tags(),
         targets.TARGETS_TAG: ",".join(targets.DEFAULT_TARGETS["dlami"]),
+        images.OS_TAG: "ubuntu2204",
+        images.INPUTS_HASH_TAG: inputs.digest(),
     }
     # Progress is streamed while Packer runs.
     assert "Launching a source AWS instance" in baked.progress
@@ -462,6 +464,129 @@ def test_rebuild_if_stale_skips_current_and_rebuilds_on_change(
     assert second != first
     assert images.describe(second).tags["gpuforge:source-ami-id"] == new_base
     assert publish.read_parameter(publish.default_parameter("dlami")) == second
+
+
+def _rebuild_argv(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "rebuild",
+        "--if-stale",
+        "--base-parameter",
+        BASE_PARAMETER,
+        "--work-dir",
+        str(tmp_path / "w"),
+        *extra,
+    ]
+
+
+def test_rebuild_if_stale_judges_the_published_image_not_the_newest(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a --no-publish bake (or a failed publish) left the newest image with today's base and pins,
+    and the schedule said "current" forever although nothing was published."""
+    assert (
+        cli.main(
+            ["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w"), "--no-publish"]
+        )
+        == 0
+    )
+    unpublished = capsys.readouterr().out.strip().splitlines()[-1]
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    assert len(_builds(fake_packer)) == 2, "the unpublished image did not count as current"
+    published = publish.read_parameter("/gpuforge/ami/dlami/ubuntu2204/latest")
+    assert published not in (None, unpublished)
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    assert (
+        f"{published} (published at /gpuforge/ami/dlami/ubuntu2204/latest) is current"
+        in capsys.readouterr().out
+    )
+    assert len(_builds(fake_packer)) == 2
+
+
+def test_rebuild_if_stale_keeps_22_04_and_24_04_apart(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A current 22.04 image says nothing about 24.04 (before, one flavor tag and parameter held both)."""
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    boto3.client("ssm").put_parameter(Name="/gpuforge-test/noble", Value=dlami_base, Type="String")
+    assert (
+        cli.main(
+            _rebuild_argv(tmp_path, "--base-os", "ubuntu24.04", "--base-parameter", "/gpuforge-test/noble")
+        )
+        == 0
+    )
+    assert len(_builds(fake_packer)) == 2
+    noble = publish.read_parameter("/gpuforge/ami/dlami/ubuntu2404/latest")
+    assert noble is not None and images.describe(noble).os == "ubuntu2404"
+    assert publish.read_parameter("/gpuforge/ami/dlami/ubuntu2204/latest") not in (None, noble)
+
+
+def test_rebuild_if_stale_on_a_change_to_what_the_bake_runs(
+    dlami_base: str,
+    fake_packer: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A role's task file changes, the pins do not: before, --if-stale said "current"."""
+    root = tmp_path / "root"
+    for name in inputs.files(REPO):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes((REPO / name).read_bytes())
+    monkeypatch.setenv("GPUFORGE_ROOT", str(root))
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    assert images.describe(first).tags[images.INPUTS_HASH_TAG] == inputs.digest(root)
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    assert "is current" in capsys.readouterr().out
+    task = root / "roles" / "nccl" / "tasks" / "main.yml"
+    task.write_text(task.read_text() + "# a change the bake runs\n")
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    assert len(_builds(fake_packer)) == 2
+    second = capsys.readouterr().out.strip().splitlines()[-1]
+    assert second != first and publish.read_parameter("/gpuforge/ami/dlami/ubuntu2204/latest") == second
+
+
+def test_inputs_digest_covers_what_a_bake_runs_and_nothing_else(tmp_path: Path) -> None:
+    """Deterministic over tracked files' paths and content; docs and untracked files do not count."""
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    files = {
+        "versions.yml": "nccl: {version: '2.27.7'}\n",
+        "roles/nccl/tasks/main.yml": "---\n",
+        "roles/nccl/README.md": "# nccl\n",
+        "packer/gpuforge.pkr.hcl": "source {}\n",
+        "packer/iam/pipeline-policy.json": "{}\n",
+        "data/instance_types.yml": "{}\n",
+        "docs/index.md": "docs\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", ".")
+    assert inputs.files(tmp_path) == [
+        "data/instance_types.yml",
+        "packer/gpuforge.pkr.hcl",
+        "roles/nccl/tasks/main.yml",
+        "versions.yml",
+    ]
+    first = inputs.digest(tmp_path)
+    (tmp_path / "roles/nccl/README.md").write_text("# changed\n")
+    (tmp_path / "roles/nccl/tasks/untracked.yml").write_text("---\n")
+    (tmp_path / "packer/iam/pipeline-policy.json").write_text("{ }\n")
+    assert inputs.digest(tmp_path) == first
+    (tmp_path / "packer/gpuforge.pkr.hcl").write_text("source { }\n")
+    assert inputs.digest(tmp_path) != first
+    # Outside git (an installed wheel), the same files give the same hash.
+    # Inside the checkout's tree but not its top, as a wheel in a virtualenv there: walked, not listed.
+    wheel = tmp_path / ".venv" / "collection"
+    for name in inputs.files(tmp_path):
+        (wheel / name).parent.mkdir(parents=True, exist_ok=True)
+        (wheel / name).write_bytes((tmp_path / name).read_bytes())
+    assert inputs.digest(wheel) == inputs.digest(tmp_path)
 
 
 def test_bake_without_packer_is_a_user_error(

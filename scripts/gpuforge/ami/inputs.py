@@ -42,17 +42,23 @@ def _runs(relative: str) -> bool:
     return not relative.endswith(_SKIPPED_SUFFIXES) and "/__pycache__/" not in f"/{relative}"
 
 
-def _tracked(root: Path) -> list[str] | None:
-    """Tracked files under INPUTS (paths relative to root), or None when root is not in a git work tree."""
+def _git(root: Path, *args: str) -> str | None:
     try:
-        listed = subprocess.run(
-            ["git", "-C", str(root), "ls-files", "-z", "--", *INPUTS],
-            capture_output=True,
-            check=True,
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, check=True, text=True
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
-    return [name for name in listed.decode().split("\0") if name]
+
+
+def _tracked(root: Path) -> list[str] | None:
+    """Tracked files under INPUTS (paths relative to root), or None when root is not the top of a git work
+    tree (a wheel installed into a virtualenv inside a checkout is not the checkout)."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None or Path(top.strip()).resolve() != root.resolve():
+        return None
+    listed = _git(root, "ls-files", "-z", "--", *INPUTS)
+    return None if listed is None else [name for name in listed.split("\0") if name]
 
 
 def _walked(root: Path) -> list[str]:
