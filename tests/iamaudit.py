@@ -78,8 +78,17 @@ IMPLIED = {"s3:GetObject": ("s3:GetObjectVersion",)}
 DESTRUCTIVE_VERBS = ("Delete", "Deregister", "Terminate", "Stop", "Put", "Modify", "Pass")
 
 
-def load_policy(path: Path = POLICY) -> dict[str, Any]:
-    return dict(json.loads(path.read_text()))
+# The canary's grants (gpuforge canary): a second managed policy on the same roles, since the pipeline
+# policy is near IAM's 6,144-character limit (gpuforge.ami.iam attaches both).
+CANARY_POLICY = REPO / "packer" / "iam" / "canary-policy.json"
+
+
+def load_policy(path: Path = POLICY, canary: bool = True) -> dict[str, Any]:
+    """The pipeline role's grants: the pipeline policy and, unless canary is False, the canary's."""
+    policy = dict(json.loads(path.read_text()))
+    if path == POLICY and canary:
+        policy["Statement"] = [*policy["Statement"], *json.loads(CANARY_POLICY.read_text())["Statement"]]
+    return policy
 
 
 def granted(policy: dict[str, Any], sid_prefix: str = "") -> set[str]:

@@ -355,3 +355,16 @@ def test_rollback_without_previous_is_a_user_error(
 ) -> None:
     assert cli.main(["rollback"]) == 2
     assert "nothing to roll back to" in capsys.readouterr().err
+
+
+def test_canary_policy_fits_a_managed_policy_and_scopes_what_it_destroys() -> None:
+    """IAM's managed-policy limit (6,144 characters without whitespace), and the canary terminates and
+    commands only instances tagged by a canary run."""
+    text = (REPO / "packer/iam/canary-policy.json").read_text()
+    assert len("".join(text.split())) <= 6144
+    statements = {s["Sid"]: s for s in json.loads(text)["Statement"]}
+    for sid in ("GpuforgeCanaryTerminate", "GpuforgeCanaryCommandInstances"):
+        condition = statements[sid]["Condition"]["StringLike"]
+        assert [(key.rsplit("/", 1)[1], value) for key, value in condition.items()] == [
+            (canary.CANARY_TAG, "canary-*")
+        ]

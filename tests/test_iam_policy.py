@@ -171,7 +171,11 @@ def test_pipeline_role_template_wraps_the_policy_lints_and_deploys(aws: MotoServ
     )
     template = json.loads(result.stdout)
     resources = template["Resources"]
-    assert resources["PipelinePolicy"]["Properties"]["PolicyDocument"] == iamaudit.load_policy()
+    # The role's grants are the pipeline policy and the canary's (iamaudit.load_policy merges them).
+    policies = [resources[name]["Properties"] for name in ("PipelinePolicy", "CanaryPolicy")]
+    statements = [s for p in policies for s in p["PolicyDocument"]["Statement"]]
+    assert statements == iamaudit.load_policy()["Statement"]
+    assert policies[0]["Roles"] == policies[1]["Roles"]
     trust = resources["GitHubRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]
     assert trust["Condition"]["StringEquals"] == {
         "token.actions.githubusercontent.com:aud": "sts.amazonaws.com",
@@ -198,10 +202,12 @@ def test_pipeline_role_template_wraps_the_policy_lints_and_deploys(aws: MotoServ
     iam_client = boto3.client("iam")
     for role in ("GitHubRole", "CodeBuildRole"):
         attached = iam_client.list_attached_role_policies(RoleName=created[role])["AttachedPolicies"]
-        assert [p["PolicyArn"] for p in attached] == [created["PipelinePolicy"]]
+        assert sorted(p["PolicyArn"] for p in attached) == sorted(
+            created[name] for name in ("PipelinePolicy", "CanaryPolicy")
+        )
     version = iam_client.get_policy(PolicyArn=created["PipelinePolicy"])["Policy"]["DefaultVersionId"]
     document = iam_client.get_policy_version(PolicyArn=created["PipelinePolicy"], VersionId=version)
-    assert document["PolicyVersion"]["Document"] == iamaudit.load_policy()
+    assert document["PolicyVersion"]["Document"] == iamaudit.load_policy(iamaudit.POLICY, canary=False)
 
 
 def test_pipeline_role_refuses_a_malformed_repository() -> None:

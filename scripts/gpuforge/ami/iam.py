@@ -30,6 +30,15 @@ def policy_document() -> dict[str, Any]:
         raise UserError(f"cannot read the pipeline policy {path}: {exc}") from exc
 
 
+def canary_policy_document() -> dict[str, Any]:
+    """`gpuforge canary`'s grants, a managed policy of its own beside the pipeline policy."""
+    path = paths.repo_root() / "packer" / "iam" / "canary-policy.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the canary policy {path}: {exc}") from exc
+
+
 def cloudformation_template(
     github_repository: str | None, environment: str = DEFAULT_ENVIRONMENT
 ) -> dict[str, Any]:
@@ -43,6 +52,14 @@ def cloudformation_template(
                 "Description": "gpuforge AMI pipeline: bake, rebuild, publish, prune (least privilege)",
                 "PolicyDocument": policy_document(),
                 # The roles that get the policy (the GitHub role is appended when asked for).
+                "Roles": [{"Ref": "CodeBuildRole"}],
+            },
+        },
+        "CanaryPolicy": {
+            "Type": "AWS::IAM::ManagedPolicy",
+            "Properties": {
+                "Description": "gpuforge canary: launch, command and terminate canary instances",
+                "PolicyDocument": canary_policy_document(),
                 "Roles": [{"Ref": "CodeBuildRole"}],
             },
         },
@@ -131,6 +148,7 @@ def cloudformation_template(
             },
         }
         resources["PipelinePolicy"]["Properties"]["Roles"].append({"Ref": "GitHubRole"})
+        resources["CanaryPolicy"]["Properties"]["Roles"].append({"Ref": "GitHubRole"})
         outputs["GitHubRoleArn"] = {"Value": {"Fn::GetAtt": ["GitHubRole", "Arn"]}}
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
