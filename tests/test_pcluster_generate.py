@@ -60,7 +60,10 @@ def test_example_spec_generates_a_valid_config() -> None:
     assert head["Networking"] == {"SubnetId": spec["head_node"]["subnet_id"]}
     assert head["Ssh"] == {"KeyName": spec["head_node"]["ssh_key"]}
     action = spec["head_node"]["on_node_configured"]
-    assert head["CustomActions"] == {"OnNodeConfigured": {"Script": action["script"], "Args": action["args"]}}
+    # gpuforge_node: true gives the head node its part (tests/test_node_side.py covers the rest).
+    assert head["CustomActions"] == {
+        "OnNodeConfigured": {"Script": action["script"], "Args": ["--node-type", "HeadNode"]}
+    }
     assert config["Scheduling"]["Scheduler"] == "slurm"
     assert config["Scheduling"]["SlurmSettings"] == {
         "QueueUpdateStrategy": "DRAIN",

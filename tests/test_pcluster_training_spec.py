@@ -139,8 +139,11 @@ def test_iam_grants_the_custom_action_buckets_and_the_specs_own() -> None:
     assert head["AdditionalIamPolicies"] == [
         {"Policy": "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"}
     ]
-    # The spot queue runs no s3:// action, so it gets only the spec's grants.
-    assert _queue(config, "spot")["Iam"]["S3Access"][0] == {"BucketName": "my-training-data"}
+    # The spot queue reads its custom action's bucket, then the spec's grants.
+    assert _queue(config, "spot")["Iam"]["S3Access"][:2] == [
+        {"BucketName": "my-gpuforge-bucket"},
+        {"BucketName": "my-training-data"},
+    ]
     changed = spec()
     changed["iam"]["additional_policies"] = ["CloudWatchAgentServerPolicy"]
     with pytest.raises(
@@ -174,8 +177,8 @@ def test_cluster_wide_settings() -> None:
     head = config["HeadNode"]
     assert head["Networking"]["AdditionalSecurityGroups"] == ["sg-0123456789abcdef0"]
     assert set(head["CustomActions"]) == {"OnNodeConfigured", "OnNodeUpdated"}
-    assert _queue(config, "train")["CustomActions"] == {
-        "OnNodeStart": {"Script": "s3://my-gpuforge-bucket/bootstrap/node-start.sh"}
+    assert _queue(config, "train")["CustomActions"]["OnNodeStart"] == {
+        "Script": "s3://my-gpuforge-bucket/bootstrap/node-start.sh"
     }
 
 

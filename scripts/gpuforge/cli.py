@@ -29,6 +29,7 @@ _COMMAND_MODULES = (
     "gpuforge.preflight.cli",
     "gpuforge.nccl.cli",
     "gpuforge.ami.cli",
+    "gpuforge.noderev",
 )
 
 # Commands only a checkout has (`pip install .` leaves the lab out).

@@ -98,7 +98,9 @@ def parser() -> argparse.ArgumentParser:
     apply.add_argument("--revision", help="a newer gpuforge revision (git commit, 40 hex) to fetch from S3")
     apply.add_argument("--sha256", help="the sha256 of that revision's tarball")
     apply.add_argument("--bucket", help="the S3 bucket that holds the revision")
-    apply.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"key prefix in the bucket ({DEFAULT_PREFIX})")
+    apply.add_argument(
+        "--prefix", default=DEFAULT_PREFIX, help=f"key prefix in the bucket ({DEFAULT_PREFIX})"
+    )
     apply.add_argument("--region", help="the bucket's region (else this node's, from IMDS)")
     apply.add_argument("--attempts", type=int, default=5, help="tries of the S3 fetch (5)")
     apply.add_argument("--tags", default="configure", help="Ansible tags to run (configure)")
@@ -121,7 +123,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args.extra = args.extra[1:]
     fetch = [args.revision, args.sha256, args.bucket]
     if any(fetch) and not all(fetch):
-        raise NodeError("--revision, --sha256 and --bucket go together: name the revision, its sha256 and bucket")
+        raise NodeError(
+            "--revision, --sha256 and --bucket go together: name the revision, its sha256 and bucket"
+        )
     if args.revision and not REVISION_RE.match(args.revision):
         raise NodeError(f"--revision {args.revision!r} is not an exact git commit (40 lowercase hex digits)")
     if args.sha256 and not SHA256_RE.match(args.sha256):
@@ -151,7 +155,9 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def backoff_delays(attempts: int, base: float = 1.0, cap: float = 20.0, rand: Callable[[], float] = random.random) -> list[float]:
+def backoff_delays(
+    attempts: int, base: float = 1.0, cap: float = 20.0, rand: Callable[[], float] = random.random
+) -> list[float]:
     """Seconds to wait before each retry: "full jitter", uniform in [0, min(cap, base * 2**n)), so a
     thousand nodes that fail together do not retry together
     (https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/)."""
@@ -193,13 +199,17 @@ def s3_getter(bucket: str, key: str, region: str | None) -> Callable[[], bytes]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     # One try per call: retrying() counts and spaces the attempts.
-    client = boto3.client("s3", region_name=region, config=Config(retries={"max_attempts": 1, "mode": "standard"}))
+    client = boto3.client(
+        "s3", region_name=region, config=Config(retries={"max_attempts": 1, "mode": "standard"})
+    )
 
     def get() -> bytes:
         try:
             body: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
         except ClientError as exc:
-            raise NodeError(f"s3://{bucket}/{key}: {exc.response.get('Error', {}).get('Code', exc)}", EXIT_REVISION) from exc
+            raise NodeError(
+                f"s3://{bucket}/{key}: {exc.response.get('Error', {}).get('Code', exc)}", EXIT_REVISION
+            ) from exc
         except BotoCoreError as exc:
             raise NodeError(f"s3://{bucket}/{key}: {exc}", EXIT_REVISION) from exc
         return body
@@ -231,11 +241,19 @@ def unpack_revision(data: bytes, root: Path, revision: str) -> Path:
 def baked_revision(root: Path) -> str:
     current = root / "current"
     if not (current / ".gpuforge-revision").is_file():
-        raise NodeError(f"{current} holds no gpuforge revision: this image was not baked with roles/gpuforge_node", EXIT_REVISION)
+        raise NodeError(
+            f"{current} holds no gpuforge revision: this image was not baked with roles/gpuforge_node",
+            EXIT_REVISION,
+        )
     return (current / ".gpuforge-revision").read_text().strip()
 
 
-def choose_tree(args: argparse.Namespace, facts: Facts, log: Callable[[str], None]) -> tuple[str, Path]:
+def choose_tree(
+    args: argparse.Namespace,
+    facts: Facts,
+    log: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[str, Path]:
     """The revision to run and its directory: the baked one, or the named one (on disk or from S3)."""
     root: Path = args.root
     if not args.revision:
@@ -248,7 +266,9 @@ def choose_tree(args: argparse.Namespace, facts: Facts, log: Callable[[str], Non
     key = object_key(args.prefix, args.revision)
     log(f"fetching s3://{args.bucket}/{key}")
     get = s3_getter(args.bucket, key, args.region or facts.region)
-    data = retrying(lambda: verified(get(), args.sha256, f"s3://{args.bucket}/{key}"), args.attempts, log)
+    data = retrying(
+        lambda: verified(get(), args.sha256, f"s3://{args.bucket}/{key}"), args.attempts, log, sleep=sleep
+    )
     return args.revision, unpack_revision(data, root, args.revision)
 
 
@@ -263,6 +283,7 @@ class Facts:
     cluster: str | None = None
     queue: str | None = None
     compute_resource: str | None = None
+    az: str | None = None
     lab: bool = False
     hostname: str = field(default_factory=lambda: os.uname().nodename)
 
@@ -271,14 +292,16 @@ class Imds:
     """IMDSv2 reads, each short; None where the endpoint is unreachable or the path is absent."""
 
     def __init__(self, endpoint: str | None = None, timeout: float = 2.0) -> None:
-        self.endpoint = (endpoint or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or IMDS_DEFAULT).rstrip("/")
+        self.endpoint = (
+            endpoint or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or IMDS_DEFAULT
+        ).rstrip("/")
         self.timeout = timeout
         self._token: str | None = None
         self.reachable = True
 
     def _open(self, request: urllib.request.Request) -> str | None:
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 (http by design)
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
                 return str(response.read().decode())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
@@ -292,7 +315,7 @@ class Imds:
         if not self.reachable:
             return None
         if self._token is None:
-            put = urllib.request.Request(
+            put = urllib.request.Request(  # noqa: S310 (IMDS is plain http by design)
                 f"{self.endpoint}/latest/api/token",
                 method="PUT",
                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"},
@@ -300,7 +323,7 @@ class Imds:
             self._token = self._open(put)
             if self._token is None:
                 return None
-        got = urllib.request.Request(
+        got = urllib.request.Request(  # noqa: S310 (IMDS is plain http by design)
             f"{self.endpoint}/latest/{path}", headers={"X-aws-ec2-metadata-token": self._token}
         )
         return self._open(got)
@@ -312,6 +335,7 @@ def gather(args: argparse.Namespace, imds: Imds) -> Facts:
     tags = {field_: imds.get(f"meta-data/tags/instance/{key}") for key, field_ in TAG_FIELDS.items()}
     facts.instance_type = args.instance_type or imds.get("meta-data/instance-type") or ""
     facts.region = imds.get("meta-data/placement/region")
+    facts.az = imds.get("meta-data/placement/availability-zone")
     facts.node_type = args.node_type or tags["node_type"] or ""
     facts.cluster = args.cluster or tags["cluster"]
     facts.queue = args.queue or tags["queue"]
@@ -348,19 +372,33 @@ def inventory(facts: Facts, python: str = "/usr/bin/python3") -> dict[str, Any]:
             host[name] = value
     groups = ["aws_ec2", NODE_GROUPS[facts.node_type], f"node_type_{facts.node_type}"]
     groups += [f"instance_type_{facts.instance_type}"]
-    groups += [f"{prefix}_{value}" for prefix, value in (("cluster", facts.cluster), ("queue", facts.queue)) if value]
+    keyed = (
+        ("cluster", facts.cluster),
+        ("queue", facts.queue),
+        ("compute_resource", facts.compute_resource),
+        ("az", facts.az),
+    )
+    groups += [f"{prefix}_{value}" for prefix, value in keyed if value]
     if GPU_TYPE.match(facts.instance_type):
         groups.append("gpu")
     if facts.lab:
         groups.append("gpuforge_lab")
     # Ansible group names: letters, digits and underscores (what the inventory plugins sanitize to).
     clean = [re.sub(r"[^A-Za-z0-9_]", "_", g) for g in groups]
-    return {"all": {"hosts": {"localhost": host}, "children": {g: {"hosts": {"localhost": None}} for g in clean}}}
+    return {
+        "all": {"hosts": {"localhost": host}, "children": {g: {"hosts": {"localhost": None}} for g in clean}}
+    }
 
 
 def playbook_command(args: argparse.Namespace, tree: Path, inventory_file: Path) -> list[str]:
     play = tree / "ansible_collections" / "gpuforge" / "gpu" / "playbooks" / "fleet.yml"
-    command = [str(args.root / "venv" / "bin" / "ansible-playbook"), "-i", str(inventory_file), "--limit", "localhost"]
+    command = [
+        str(args.root / "venv" / "bin" / "ansible-playbook"),
+        "-i",
+        str(inventory_file),
+        "--limit",
+        "localhost",
+    ]
     command += ["--tags", args.tags]
     if args.check:
         command.append("--check")
@@ -387,7 +425,9 @@ def playbook_env(tree: Path, state: Path) -> dict[str, str]:
     return env
 
 
-RECAP = re.compile(r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
+RECAP = re.compile(
+    r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
+)
 
 
 def summary(output: str) -> dict[str, int] | None:
@@ -470,17 +510,16 @@ def apply(args: argparse.Namespace, log: Log) -> int:
     (state / "tmp").mkdir(parents=True, exist_ok=True)
     inventory_file = state / "inventory.json"
     inventory_file.write_text(json.dumps(inventory(facts), indent=1, sort_keys=True) + "\n")
-    log.note(
-        f"revision {revision}: {facts.node_type} {facts.instance_type}"
-        f"{' queue ' + facts.queue if facts.queue else ''}{' cluster ' + facts.cluster if facts.cluster else ''}"
-    )
+    where = "".join(f" {k} {v}" for k, v in (("queue", facts.queue), ("cluster", facts.cluster)) if v)
+    log.note(f"revision {revision}: {facts.node_type} {facts.instance_type}{where}")
     command = playbook_command(args, tree, inventory_file)
     rc, output = run_playbook(command, playbook_env(tree, state), tree, log)
     stats = summary(output)
     took = time.monotonic() - started
     if rc != 0 or stats is None or stats["failed"] or stats["unreachable"]:
         raise NodeError(
-            f"configure phase failed (ansible-playbook exit {rc}) after {took:.0f} s; see {args.log_dir}/node.log",
+            f"configure phase failed (ansible-playbook exit {rc}) after {took:.0f} s; "
+            f"see {args.log_dir}/node.log",
             EXIT_FAILED,
         )
     log.note(f"ok: revision {revision}, changed={stats['changed']}, {took:.1f} s")

@@ -149,13 +149,55 @@ def _name(node: _Node) -> str:
     return name
 
 
-def _action(node: _Node) -> dict[str, Any]:
-    fields = node.mapping({"script"}, {"args"})
+# Actions that may run gpuforge-node (scripts/pcluster/on_node_configured.sh): after the node is
+# configured, or after a head node update; OnNodeStart runs before ParallelCluster's own setup.
+_NODE_SIDE_ACTIONS = ("on_node_configured", "on_node_updated")
+_REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def _node_side_args(node: _Node, part: list[str]) -> list[str]:
+    """Args of the offline gpuforge-node action (docs/node-side.md): this node's part, which ParallelCluster
+    tells apart by giving the head node and each queue their own CustomActions (custom-bootstrap-actions-v3),
+    and, when set, the newer revision to fetch from S3 by exact commit and sha256."""
+    if node.value is True:
+        return list(part)
+    fields = node.mapping({"revision", "sha256", "bucket"}, {"prefix"})
+    args = [
+        *part,
+        "--revision",
+        fields["revision"].str(_REVISION_RE, "an exact git commit (40 lowercase hex digits)"),
+        "--sha256",
+        fields["sha256"].str(_SHA256_RE, "a sha256 (64 lowercase hex digits)"),
+        "--bucket",
+        fields["bucket"].str(_BUCKET_RE, "an S3 bucket name"),
+    ]
+    if "prefix" in fields:
+        args += ["--prefix", fields["prefix"].str(re.compile(r"^\S+/$"), "a key prefix ending with /")]
+    return args
+
+
+def _action(node: _Node, key: str = "", part: list[str] | None = None) -> dict[str, Any]:
+    fields = node.mapping({"script"}, {"args", "gpuforge_node"})
     action: dict[str, Any] = {
         "Script": fields["script"].str(_SCRIPT_URL_RE, "an s3:// or https:// URL of a script")
     }
+    args: list[str] = []
+    if "gpuforge_node" in fields:
+        if key not in _NODE_SIDE_ACTIONS or part is None:
+            raise fields["gpuforge_node"].fail(
+                "only on_node_configured and on_node_updated run gpuforge-node"
+            )
+        if fields["gpuforge_node"].value is not True and not isinstance(fields["gpuforge_node"].value, dict):
+            raise fields["gpuforge_node"].fail("must be true or a mapping of revision, sha256, bucket")
+        args += _node_side_args(fields["gpuforge_node"], part)
     if "args" in fields:
-        action["Args"] = [arg.str() for arg in fields["args"].items(min_len=0)]
+        extra = [arg.str() for arg in fields["args"].items(min_len=0)]
+        # After gpuforge-node's own options, anything else goes to ansible-playbook.
+        args += ["--", *extra] if args and extra else extra
+    if args or "args" in fields:
+        action["Args"] = args
     return action
 
 
@@ -167,8 +209,11 @@ _ACTIONS = {
 }
 
 
-def _custom_actions(fields: dict[str, _Node], allowed: tuple[str, ...]) -> dict[str, Any]:
-    return {_ACTIONS[key]: _action(fields[key]) for key in allowed if key in fields}
+def _custom_actions(
+    fields: dict[str, _Node], allowed: tuple[str, ...], part: list[str] | None = None
+) -> dict[str, Any]:
+    """part: the node's gpuforge-node arguments (--node-type, --queue) for actions that run it."""
+    return {_ACTIONS[key]: _action(fields[key], key, part) for key in allowed if key in fields}
 
 
 def _script_buckets(actions: dict[str, Any]) -> list[str]:
@@ -178,6 +223,10 @@ def _script_buckets(actions: dict[str, Any]) -> list[str]:
         script = str(action["Script"])
         if script.startswith("s3://"):
             buckets.append(script[len("s3://") :].split("/", 1)[0])
+        # gpuforge-node's newer revision comes from this bucket (read with the node's role too).
+        args = [str(a) for a in action.get("Args", [])]
+        end = args.index("--") if "--" in args else len(args)
+        buckets += [args[i + 1] for i in range(end - 1) if args[i] == "--bucket"]
     return sorted(set(buckets))
 
 
@@ -277,7 +326,7 @@ def _head_node(node: _Node, spec_iam: dict[str, Any]) -> dict[str, Any]:
     }
     if "disable_simultaneous_multithreading" in fields:
         head["DisableSimultaneousMultithreading"] = fields["disable_simultaneous_multithreading"].bool()
-    actions = _custom_actions(fields, tuple(_ACTIONS))
+    actions = _custom_actions(fields, tuple(_ACTIONS), ["--node-type", "HeadNode"])
     if actions:
         head["CustomActions"] = actions
     iam = _iam(_script_buckets(actions), spec_iam)
@@ -475,7 +524,9 @@ def _queue(node: _Node, managed_fsx: bool, spec_iam: dict[str, Any]) -> dict[str
     if problems:
         raise (fields.get("placement_group") or node).fail(" ".join(problems))
     queue["Networking"] = networking
-    actions = _custom_actions(fields, ("on_node_start", "on_node_configured"))
+    actions = _custom_actions(
+        fields, ("on_node_start", "on_node_configured"), ["--node-type", "Compute", "--queue", name]
+    )
     if actions:
         queue["CustomActions"] = actions
     iam = _iam(_script_buckets(actions), spec_iam)
