@@ -368,3 +368,48 @@ def test_canary_policy_fits_a_managed_policy_and_scopes_what_it_destroys() -> No
         assert [(key.rsplit("/", 1)[1], value) for key, value in condition.items()] == [
             (canary.CANARY_TAG, "canary-*")
         ]
+
+
+def _workflow_steps() -> list[dict[str, Any]]:
+    import yaml
+
+    workflow = yaml.safe_load((REPO / ".github/workflows/ami-rebuild.yml").read_text())
+    return list(workflow["jobs"]["rebuild"]["steps"])
+
+
+def test_scheduled_workflow_runs_rebuild_canary_promote_in_that_order() -> None:
+    steps = _workflow_steps()
+    names = [str(s.get("name", "")).split(" $")[0] for s in steps]
+    assert names.index("Rebuild") < names.index("Canary") < names.index("Promote") < names.index("Prune")
+    rebuild, canary_step, promote_step = (steps[names.index(n)] for n in ("Rebuild", "Canary", "Promote"))
+    assert "args+=(--candidate)" in rebuild["run"] and "set -o pipefail" in rebuild["run"]
+    # Canary and promote run only when rebuild made an image, and on that image.
+    for step in (canary_step, promote_step):
+        assert step["if"] == "steps.rebuild.outputs.ami != ''"
+        assert step["env"]["AMI"] == "${{ steps.rebuild.outputs.ami }}"
+    assert "gpuforge canary " in canary_step["run"] and "gpuforge promote " in promote_step["run"]
+    # The commands parse: every option they pass exists.
+    parser = cli.build_parser()
+    parser.parse_args(["promote", "--flavor", "dlami", "--ami", "ami-0123456789abcdef0"])
+    parser.parse_args(["rebuild", "--flavor", "dlami", "--if-stale", "--candidate"])
+    argv = ["canary", "--flavor", "dlami", "--ami", "ami-0123456789abcdef0", "--instance-type", TYPE]
+    argv += ["--count", "2", "--instance-profile", PROFILE, "--results-bucket", BUCKET, "--out", "d"]
+    argv += [
+        "--subnet-id",
+        "s",
+        "--placement-group",
+        "g",
+        "--capacity-reservation-id",
+        "cr",
+        "--capacity-block",
+    ]
+    parser.parse_args(argv)
+    for option in {w for w in canary_step["run"].split() if w.startswith("--")}:
+        assert option in argv, option
+
+
+def test_rebuild_candidate_refuses_cluster_configs(
+    aws: MotoServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["rebuild", "--candidate", "--cluster-config", "c.yaml"]) == 2
+    assert "give configs to `gpuforge promote`" in capsys.readouterr().err
