@@ -31,7 +31,6 @@ import labtools
 from gpuforge import cli as gpuforge_cli
 from gpuforge import versions
 from gpuforge.lab import core as lab_core
-from gpuforge.lab.host import ssh_options
 from gpuforge.nccl.parse import parse as parse_nccl
 from labtools import LAB_MARKS, REPO, gpuforge, lab_up, recap
 
@@ -259,52 +258,119 @@ def test_rolling_update_waits_for_the_running_job(cluster: dict[str, Any], tmp_p
     assert states == {name: "idle" for name in cluster["compute"]}
 
 
-def test_on_node_configured_pulls_the_repository(cluster: dict[str, Any], tmp_path: Path) -> None:
-    """The OnNodeConfigured script ansible-pulls this repository (HEAD, from a bare repo on the node)."""
+def _cut_network_to_s3(netns: str, gateway: str, s3_ip: str) -> None:
+    """Leave the host's namespace a route to nothing but the emulated S3 address and (for SSH replies to
+    this test) the gateway: its /24, and with it the other hosts, goes. The control host has no packet
+    filter (no nft or iptables), so routes are the cut."""
+    subprocess.run(["ip", "-n", netns, "route", "flush", "dev", "eth0"], check=True)
+    for address in (gateway, s3_ip):
+        subprocess.run(["ip", "-n", netns, "route", "add", f"{address}/32", "dev", "eth0"], check=True)
+
+
+def test_on_node_configured_configures_the_node_offline_from_its_image(
+    cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    """scripts/pcluster/on_node_configured.sh as ParallelCluster runs it (root, the Args generate writes)
+    on a golden compute node whose namespace routes only to the emulated S3 (moto_server on an address of
+    its own on the bridge): the baked revision converges with exit 0 and then changes nothing; a newer
+    revision published with `gpuforge node-revision publish` is fetched from S3, verified and run; a wrong
+    sha256 fails after its retries with the reason. /opt/parallelcluster marks the node a ParallelCluster
+    node (TEST DOUBLE, as in test_parallelcluster_mode_only_adds_scripts): plain Slurm's slurm.conf needs
+    every node's facts and is the SSH path's."""
+    from gpuforge import noderev
+    from gpuforge.lab import state as lab_state
+    from gpuforge.lab.moto import free_port
+
+    lab = lab_state.load(LAB)
+    assert lab is not None
     node = cluster["compute"][1]
-    ip = next(h["ip"] for h in cluster["info"]["hosts"] if h["name"] == node)
-    bundle = tmp_path / "gpuforge.bundle"
-    ref = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--abbrev-ref", "HEAD"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    # The bundle carries the branch, so the node clones it by name as ParallelCluster nodes would.
-    subprocess.run(
-        ["git", "-C", str(REPO), "bundle", "create", str(bundle), ref], check=True, capture_output=True
+    host = next(h for h in lab.hosts if h.name == node)
+    s3_ip = f"{lab.subnet_prefix}.250"
+    subprocess.run(["ip", "addr", "replace", f"{s3_ip}/32", "dev", lab.bridge], check=True)
+    port = free_port(s3_ip)
+    moto = subprocess.Popen(
+        [str(labtools.BIN / "python"), "-m", "gpuforge.lab.motoserver", "-H", s3_ip, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    ssh = ssh_options(cluster["info"]["ssh_key"], connect_timeout=10)
-    files = [str(bundle), str(REPO / "scripts" / "pcluster" / "on_node_configured.sh")]
-    # The lab's HTTPS path to PyPI goes through this machine's proxy: trust this machine's CAs there.
-    ca = Path("/etc/ssl/certs/ca-certificates.crt")
-    if ca.exists():
-        files.append(str(ca))
-    subprocess.run(["scp", *ssh, *files, f"admin@{ip}:/tmp/"], check=True, capture_output=True, timeout=60)
-    on(node, "rm -f /usr/local/sbin/gpuforge-health /etc/slurm/prolog.d/50-gpuforge-health")
-    on(
-        node,
-        "command -v git >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q git >/dev/null",
-    )
-    on(node, "rm -rf /srv/gpuforge.git && git clone -q --bare /tmp/gpuforge.bundle /srv/gpuforge.git")
-    cert = "PIP_CERT=/tmp/ca-certificates.crt " if ca.exists() else ""
-    output = on(
-        node,
-        f"{cert}/tmp/on_node_configured.sh --repo file:///srv/gpuforge.git --ref {ref} "
-        "--node-type Compute --playbook playbooks/health.yml 2>&1",
-    )
-    stats = recap(output)
-    assert stats["localhost"]["failed"] == 0, output[-4000:]
-    # A node that is its own inventory, off EC2 (no IMDS), has no known instance type: nothing is
-    # promised, so the GPU checks say so and skip (never pass).
-    assert "SKIPPED gpu_count instance type unknown is not in data/instance_types.yml" in output
-    assert on(node, "stat -c %a /usr/local/sbin/gpuforge-health").strip() == "755"
-    assert "--mode prolog" in on(node, "cat /etc/slurm/prolog.d/50-gpuforge-health")
-    # Others may commit meanwhile: compare with the commit the bundle carried.
-    heads = subprocess.run(
-        ["git", "bundle", "list-heads", str(bundle)], check=True, capture_output=True, text=True
-    )
-    assert on(node, "git -C /opt/gpuforge/src rev-parse HEAD").split() == heads.stdout.split()[:1]
+    try:
+        endpoint = f"http://{s3_ip}:{port}"
+        import boto3
+
+        s3 = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        )  # fmt: skip
+        for _ in range(50):
+            try:
+                s3.create_bucket(Bucket="gpuforge-revs")
+                break
+            except Exception:  # moto_server is still starting
+                time.sleep(0.2)
+        newer = noderev.publish(s3, REPO, "HEAD", "gpuforge-revs", "gpuforge/revisions/")
+        older = noderev.resolve(REPO, "HEAD~1")
+        script = base64.b64encode((REPO / "scripts/pcluster/on_node_configured.sh").read_bytes()).decode()
+        on(
+            node,
+            f"echo {script} | base64 -d > /tmp/on_node_configured.sh && chmod 755 /tmp/on_node_configured.sh",
+        )
+        on(node, "mkdir -p /opt/parallelcluster")
+        _cut_network_to_s3(host.netns, lab.gateway, s3_ip)
+        env = (
+            f"AWS_ENDPOINT_URL={endpoint} AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing "
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:9"
+        )
+        action = (
+            f"{env} /tmp/on_node_configured.sh --node-type Compute --queue {host.queue or 'compute'} "
+            f"--instance-type {host.instance_type} --region us-east-1 --attempts 2"
+        )
+        for attempt in (1, 2):
+            started = time.monotonic()
+            output = on(node, f"{action} 2>&1")
+            assert recap(output)["localhost"]["failed"] == 0, output[-4000:]
+            if attempt == 2:
+                assert recap(output)["localhost"]["changed"] == 0, output[-4000:]
+                assert time.monotonic() - started < 300
+        assert "gpuforge-node: ok: revision c" in on(node, "cat /var/log/gpuforge/node.log")
+        assert on(node, f"ip route | grep -v -e '^{lab.gateway} ' -e '^{s3_ip} ' || true").strip() == ""
+
+        fetched = on(node, f"{action} --revision {newer['revision']} --sha256 {newer['sha256']} "
+                           "--bucket gpuforge-revs 2>&1")  # fmt: skip
+        assert f"fetching s3://gpuforge-revs/{newer['key']}" in fetched
+        assert recap(fetched)["localhost"]["failed"] == 0, fetched[-4000:]
+        on(node, f"test -f /opt/gpuforge/node/revisions/{newer['revision']}/.gpuforge-revision")
+
+        s3.put_object(
+            Bucket="gpuforge-revs", Key=f"gpuforge/revisions/gpuforge-{older}.tar.gz", Body=b"not it"
+        )
+        wrong = labtools.gpuforge(
+            "lab", "ssh", "--name", LAB, node, "--",
+            f"sudo sh -c '{action} --revision {older} --sha256 {newer['sha256']} --bucket gpuforge-revs'",
+        )  # fmt: skip
+        assert wrong.returncode == 3, wrong.stdout[-2000:] + wrong.stderr[-2000:]
+        assert f"not the {newer['sha256']} the custom action names (after 2 attempts)" in wrong.stderr
+        on(node, f"test ! -e /opt/gpuforge/node/revisions/{older}")
+    finally:
+        moto.terminate()
+        moto.wait(timeout=30)
+        subprocess.run(["ip", "addr", "del", f"{s3_ip}/32", "dev", lab.bridge], check=False)
+        # Give the node its /24 back for the tests after this one.
+        subprocess.run(["ip", "-n", host.netns, "route", "flush", "dev", "eth0"], check=False)
+        subprocess.run(
+            [
+                "ip",
+                "-n",
+                host.netns,
+                "route",
+                "add",
+                f"{lab.subnet_prefix}.0/24",
+                "dev",
+                "eth0",
+                "src",
+                host.ip,
+            ],
+            check=False,
+        )
 
 
 def test_parallelcluster_mode_only_adds_scripts(cluster: dict[str, Any]) -> None:
