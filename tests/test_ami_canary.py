@@ -13,7 +13,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import shlex
+import subprocess
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -413,3 +415,33 @@ def test_rebuild_candidate_refuses_cluster_configs(
 ) -> None:
     assert cli.main(["rebuild", "--candidate", "--cluster-config", "c.yaml"]) == 2
     assert "give configs to `gpuforge promote`" in capsys.readouterr().err
+
+
+def test_node_check_step_output_is_what_the_judge_reads(tmp_path: Path) -> None:
+    """The real node script, unpacked as the command unpacks it, on this GPU-less machine with a stand-in
+    for the image's health script (a test double): its JSON is judged, and fails on the smoke test."""
+    bundle = base64.b64decode(canary.node_bundle())
+    with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
+        tar.extractall(tmp_path / "node", filter="data")
+    health = tmp_path / "gpuforge-health"
+    health.write_text(
+        '#!/bin/sh\necho \'{"healthy": true, "results": [{"check": "x", "status": "pass"}]}\'\n'
+    )
+    health.chmod(0o755)
+    run_id = "canary-20261206t000000z-0123abcd"
+    result = subprocess.run(
+        ["bash", str(tmp_path / "node/scripts/canary/gpuforge-canary.sh"), "check", run_id, TYPE],
+        env={
+            **os.environ,
+            "GPUFORGE_HEALTH": str(health),
+            "GPUFORGE_CANARY_TIMEOUT": "60",
+            "TMPDIR": str(tmp_path),
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    document = json.loads(result.stdout)
+    assert document["run_id"] == run_id and document["health"]["report"]["healthy"] is True
+    assert document["smoke"]["report"]["status"] == "no_gpu"
+    assert canary.judge_check("i-node", document) == ["i-node: GPU smoke test failed (exit 1)"]

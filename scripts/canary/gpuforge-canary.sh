@@ -26,7 +26,8 @@
 #   GPUFORGE_CANARY_TIMEOUT    seconds per step (default 1800)
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# The bundle's root (laid out as a checkout: scripts/, data/), two levels above this script.
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 health="${GPUFORGE_HEALTH:-/usr/local/sbin/gpuforge-health}"
 nccl_tests="${GPUFORGE_NCCL_TESTS:-/opt/nccl-tests/build/all_reduce_perf}"
 mpirun="${GPUFORGE_MPIRUN:-/opt/amazon/openmpi/bin/mpirun}"
