@@ -196,7 +196,7 @@ def test_parameter_adds_to_the_default_instead_of_replacing_it(
     publish.write_parameter("/team/ami", five[1])
     assert cli.main(["prune", "--keep", "1", "--parameter", "/team/ami", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert f"protect  {five[0]}  (used by SSM parameter /gpuforge/ami/dlami/latest)" in out
+    assert f"protect  {five[0]}  (used by SSM parameter /gpuforge/ami/dlami/ubuntu2204/latest)" in out
     assert f"protect  {five[1]}  (used by SSM parameter /team/ami)" in out
 
 
@@ -206,7 +206,7 @@ def test_a_missing_parameter_is_an_error_unless_allowed(
     # The flavor's parameter was deleted by mistake: its image must not become deletable silently.
     assert cli.main(["prune", "--keep", "1"]) == 2
     err = capsys.readouterr().err
-    assert "gpuforge: error: SSM parameter /gpuforge/ami/dlami/latest does not exist" in err
+    assert "gpuforge: error: SSM parameter /gpuforge/ami/dlami/ubuntu2204/latest does not exist" in err
     assert "--allow-missing" in err
     assert set(five) <= _existing()
     with pytest.raises(UserError, match="/team/ami does not exist"):

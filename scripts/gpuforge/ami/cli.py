@@ -182,7 +182,7 @@ def register(sub: Any) -> None:
         default=[],
         metavar="NAME",
         help="another SSM parameter whose AMI must stay, besides every parameter under --parameter-prefix "
-        "and the flavor's /gpuforge/ami/FLAVOR/latest; repeatable",
+        "and the flavor's /gpuforge/ami/FLAVOR/ubuntu2204/latest; repeatable",
     )
     p_prune.add_argument(
         "--parameter-prefix",
