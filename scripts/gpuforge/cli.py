@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "gpuforge.nccl.cli",
     "gpuforge.ami.cli",
     "gpuforge.noderev",
+    "gpuforge.fleet.cli",
 )
 
 # Commands only a checkout has (`pip install .` leaves the lab out).
