@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,8 +29,10 @@ import pytest
 
 import goldenlab
 import labtools
+import ssmdouble
 from gpuforge import cli as gpuforge_cli
 from gpuforge import versions
+from gpuforge.fleet import document as fleet_document
 from gpuforge.lab import core as lab_core
 from gpuforge.nccl.parse import parse as parse_nccl
 from labtools import LAB_MARKS, REPO, gpuforge, lab_up, recap
@@ -256,6 +259,58 @@ def test_rolling_update_waits_for_the_running_job(cluster: dict[str, Any], tmp_p
         assert "NCCL_DEBUG=INFO" in on(node, "cat /etc/nccl.conf /etc/gpuforge/nccl.env")
     states = dict(line.split() for line in on(head, "sinfo --noheader --Node --format='%N %T'").splitlines())
     assert states == {name: "idle" for name in cluster["compute"]}
+
+
+# A stand-in for the node-side entry point (TEST FIXTURE): it records when it ran. The SSM path is shown
+# here, not the entry point itself (the node-side lab test below runs the real one).
+_ENTRY_STANDIN = "/usr/local/sbin/gpuforge-node-ssm-standin"
+_ENTRY_SCRIPT = '#!/bin/sh\ndate +%s.%N > /var/tmp/gpuforge-ssm-applied\necho "applied: $*"\n'
+
+
+def test_ssm_apply_waits_for_the_running_job(cluster: dict[str, Any]) -> None:
+    """The shipped SSM document's script, run on both compute nodes by the Run Command stand-in
+    (tests/ssmdouble.py, a TEST DOUBLE) one node at a time with MaxErrors 0: each node drains, its
+    running job ends untouched, the entry point runs after it, and the node takes jobs again."""
+    head, (first, second) = cluster["head"], cluster["compute"]
+    job_id = on(
+        head, f"sbatch --parsable -w {first} -o /tmp/ssm-%j.out --wrap 'echo start; sleep 20; echo done'"
+    )
+    job_id = job_id.strip().split(";")[0]
+    on(
+        head,
+        f"for i in $(seq 30); do squeue -h -j {job_id} -t R | grep -q . && exit 0; sleep 1; done; exit 1",
+    )
+    encoded = base64.b64encode(_ENTRY_SCRIPT.encode()).decode()
+    for node in (first, second):
+        on(node, f"echo {encoded} | base64 -d > {_ENTRY_STANDIN} && chmod 755 {_ENTRY_STANDIN}")
+        on(node, "rm -f /var/tmp/gpuforge-ssm-applied")
+
+    def execute(target: str, script: str) -> tuple[int, str]:
+        payload = base64.b64encode(script.encode()).decode()
+        command = f"echo {payload} | base64 -d > /tmp/ssm-apply.sh && sh /tmp/ssm-apply.sh"
+        run = gpuforge(
+            "lab", "ssh", "--name", LAB, target, "--", f"sudo sh -c {shlex.quote(command)}", timeout=600
+        )
+        return run.returncode, run.stdout + run.stderr
+
+    parameters = {"EntryPoint": _ENTRY_STANDIN, "PollSeconds": "2", "DrainTimeoutSeconds": "300"}
+    runner = ssmdouble.document_runner(fleet_document.load(), parameters, execute)
+    outcome = ssmdouble.run([first, second], runner, max_concurrency="1", max_errors="0")
+    assert outcome.status == "Success", [(r.target, r.status, r.output[-2000:]) for r in outcome.results]
+    assert outcome.peak == 1
+    finished = job(head, job_id)
+    assert (finished["JobState"], finished["ExitCode"]) == ("COMPLETED", "0:0")
+    assert on(first, f"cat /tmp/ssm-{job_id}.out").split() == ["start", "done"]
+    first_result = next(r for r in outcome.results if r.target == first)
+    assert f"waiting for jobs {job_id} on {first}" in first_result.output
+    # The change came only after the job had ended, and the node is back in service.
+    end = datetime.fromisoformat(finished["EndTime"]).timestamp()
+    assert float(on(first, "cat /var/tmp/gpuforge-ssm-applied")) >= end
+    assert "Reason=gpuforge fleet apply" not in on(head, f"scontrol show node {first}")
+    states = dict(line.split() for line in on(head, "sinfo --noheader --Node --format='%N %T'").splitlines())
+    assert states == {name: "idle" for name in cluster["compute"]}
+    for node in (first, second):
+        on(node, f"rm -f {_ENTRY_STANDIN} /var/tmp/gpuforge-ssm-applied /tmp/ssm-apply.sh")
 
 
 def _cut_network_to_s3(netns: str, gateway: str, s3_ip: str) -> None:
