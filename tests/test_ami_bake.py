@@ -453,7 +453,9 @@ def test_rebuild_if_stale_skips_current_and_rebuilds_on_change(
     assert cli.main(argv) == 0  # same base, same manifest: nothing to do
     assert "is current" in capsys.readouterr().out
     assert len(_builds(fake_packer)) == 1
-    assert publish.read_parameter(publish.default_parameter("dlami")) == first
+    # A bake makes a candidate; latest moves only through a passed canary and promote.
+    assert publish.read_parameter(CANDIDATE) == first
+    assert publish.read_parameter(publish.default_parameter("dlami")) is None
 
     # AWS moves the public parameter to a new DLAMI: the next run rebuilds on it.
     new_base = _register_base("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261201")
@@ -463,7 +465,32 @@ def test_rebuild_if_stale_skips_current_and_rebuilds_on_change(
     assert len(_builds(fake_packer)) == 2
     assert second != first
     assert images.describe(second).tags["gpuforge:source-ami-id"] == new_base
-    assert publish.read_parameter(publish.default_parameter("dlami")) == second
+    assert publish.read_parameter(CANDIDATE) == second
+
+
+CANDIDATE = "/gpuforge/ami/dlami/ubuntu2204/candidate"
+
+
+def _promote_with_a_pass(ami: str) -> None:
+    """What a passed `gpuforge canary` records on the image (its verdict tag), then `gpuforge promote`."""
+    boto3.client("ec2").create_tags(Resources=[ami], Tags=[{"Key": "gpuforge:canary", "Value": "passed"}])
+    assert cli.main(["promote", "--flavor", "dlami", "--os", "ubuntu2204", "--ami", ami]) == 0
+
+
+def test_a_bake_reaches_latest_only_through_a_passed_canary(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    latest = publish.default_parameter("dlami")
+    assert cli.main(["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w")]) == 0
+    ami = capsys.readouterr().out.strip().splitlines()[-1]
+    assert publish.read_parameter(CANDIDATE) == ami and publish.read_parameter(latest) is None
+    assert cli.main(["promote", "--flavor", "dlami", "--os", "ubuntu2204"]) == 2  # no canary ran
+    assert publish.read_parameter(latest) is None
+    argv = ["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w")]
+    assert cli.main([*argv, "--parameter", latest]) == 2  # not around the canary either
+    assert "latest moves only through `gpuforge promote`" in capsys.readouterr().err
+    _promote_with_a_pass(ami)
+    assert publish.read_parameter(latest) == ami
 
 
 def _rebuild_argv(tmp_path: Path, *extra: str) -> list[str]:
@@ -492,8 +519,12 @@ def test_rebuild_if_stale_judges_the_published_image_not_the_newest(
     unpublished = capsys.readouterr().out.strip().splitlines()[-1]
     assert cli.main(_rebuild_argv(tmp_path)) == 0
     assert len(_builds(fake_packer)) == 2, "the unpublished image did not count as current"
+    candidate = publish.read_parameter(CANDIDATE)
+    assert candidate not in (None, unpublished)
+    assert candidate is not None
+    _promote_with_a_pass(candidate)
     published = publish.read_parameter("/gpuforge/ami/dlami/ubuntu2204/latest")
-    assert published not in (None, unpublished)
+    assert published == candidate
     assert cli.main(_rebuild_argv(tmp_path)) == 0
     assert (
         f"{published} (published at /gpuforge/ami/dlami/ubuntu2204/latest) is current"
@@ -515,9 +546,9 @@ def test_rebuild_if_stale_keeps_22_04_and_24_04_apart(
         == 0
     )
     assert len(_builds(fake_packer)) == 2
-    noble = publish.read_parameter("/gpuforge/ami/dlami/ubuntu2404/latest")
+    noble = publish.read_parameter("/gpuforge/ami/dlami/ubuntu2404/candidate")
     assert noble is not None and images.describe(noble).os == "ubuntu2404"
-    assert publish.read_parameter("/gpuforge/ami/dlami/ubuntu2204/latest") not in (None, noble)
+    assert publish.read_parameter(CANDIDATE) not in (None, noble)
 
 
 def test_rebuild_if_stale_on_a_change_to_what_the_bake_runs(
@@ -543,7 +574,7 @@ def test_rebuild_if_stale_on_a_change_to_what_the_bake_runs(
     assert cli.main(_rebuild_argv(tmp_path)) == 0
     assert len(_builds(fake_packer)) == 2
     second = capsys.readouterr().out.strip().splitlines()[-1]
-    assert second != first and publish.read_parameter("/gpuforge/ami/dlami/ubuntu2204/latest") == second
+    assert second != first and publish.read_parameter(CANDIDATE) == second
 
 
 def test_inputs_digest_covers_what_a_bake_runs_and_nothing_else(tmp_path: Path) -> None:
@@ -704,3 +735,16 @@ def test_bake_copies_to_other_regions_tagged_like_the_original(
         (copy,) = images.gpuforge_images("dlami", region)
         assert copy.tags == original.tags
     assert cli.main([*argv, "--copy-region", "us-east-1"]) == 2
+
+
+def test_rebuild_if_stale_retries_a_candidate_whose_canary_failed(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    assert "waits for `gpuforge canary`" in capsys.readouterr().out
+    boto3.client("ec2").create_tags(Resources=[first], Tags=[{"Key": "gpuforge:canary", "Value": "failed"}])
+    assert cli.main(_rebuild_argv(tmp_path)) == 0
+    assert len(_builds(fake_packer)) == 2
+    assert publish.read_parameter(CANDIDATE) not in (None, first)

@@ -136,8 +136,8 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--candidate",
         action="store_true",
-        help="publish to /gpuforge/ami/FLAVOR/OS/candidate instead of latest (then `gpuforge canary`, "
-        "`gpuforge promote`)",
+        help="publish only to /gpuforge/ami/FLAVOR/OS/candidate (the default without --parameter and "
+        "--cluster-config); latest moves through `gpuforge canary` and `gpuforge promote`",
     )
 
 
@@ -270,8 +270,24 @@ def _publish_image(args: argparse.Namespace, ami: str) -> None:
 
 
 def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> int:
-    if args.candidate:
+    # A new image is a candidate: nothing launches from latest before its canary passed on the
+    # target hardware (`gpuforge canary`, `gpuforge promote`). Only a parameter or cluster config the
+    # operator names moves at bake time, and never the flavor's latest.
+    if args.candidate or not (args.parameter or args.cluster_config):
         return _bake_candidate(args, options)
+    if (
+        args.parameter
+        and args.parameter.rstrip("/").endswith("/latest")
+        and args.parameter.startswith(references.PROJECT_PREFIX)
+    ):
+        raise UserError(
+            f"--parameter {args.parameter}: latest moves only through `gpuforge promote` after a passed "
+            "canary; bake to the candidate (the default) and run `gpuforge canary` and `gpuforge promote`"
+        )
+    LOG.warning(
+        "publishing the new image to %s before any canary ran on its target hardware (as asked)",
+        ", ".join([*([args.parameter] if args.parameter else []), *map(str, args.cluster_config)]),
+    )
     if not args.no_publish:
         # What the image will be: its OS, and its root volume (every node's minimum RootVolume.Size).
         facts = AmiFacts(images.IMAGE_OSES[options.base_os], options.root_volume_size_gib)
@@ -320,8 +336,9 @@ def _rebuild(args: argparse.Namespace) -> int:
         base = bake.resolve_base(options)
         os = images.IMAGE_OSES[options.base_os]
         parameter, published = publish.published_image(options.flavor, os, options.region, args.parameter)
+        digests = (versions.load().digest, inputs.digest())
         reason = (
-            images.stale_reason(published, base, versions.load().digest, inputs.digest())
+            images.stale_reason(published, base, *digests)
             if published is not None
             else f"nothing of {options.flavor}/{os} is published at {parameter}"
         )
@@ -332,8 +349,46 @@ def _rebuild(args: argparse.Namespace) -> int:
                 "manifest and bake inputs); not rebuilding"
             )
             return 0
+        # A current candidate waits for its canary and promote: baking it again changes nothing. One whose
+        # canary failed is rebuilt (a new try, on the next schedule).
+        if args.parameter is None:
+            waiting = _current_candidate(options.flavor, os, options.region, base, digests)
+            if waiting is not None:
+                print(waiting)
+                return 0
         LOG.info("rebuilding %s/%s: %s", options.flavor, os, reason)
     return _bake_and_publish(args, options)
+
+
+def _current_candidate(
+    flavor: str, os: str, region: str | None, base: images.Image, digests: tuple[str, str]
+) -> str | None:
+    """The message for a candidate of today's base and inputs whose canary has not failed, else None."""
+    name = promote.candidate_parameter(flavor, os)
+    value = publish.read_parameter(name, region)
+    if value is None:
+        return None
+    try:
+        candidate = images.describe(value, region)
+    except UserError:
+        return None
+    if (candidate.tags.get(images.FLAVOR_TAG), candidate.os) != (flavor, os):
+        return None
+    if images.stale_reason(candidate, base, *digests) is not None:
+        return None
+    verdict = candidate.tags.get(canary.CANARY_TAG)
+    if verdict == canary.FAILED:
+        LOG.info("candidate %s failed its canary: rebuilding", candidate.id)
+        return None
+    state = (
+        "passed its canary: run `gpuforge promote`"
+        if verdict == canary.PASSED
+        else "waits for `gpuforge canary`"
+    )
+    return (
+        f"{candidate.id} (candidate at {name}) is current (base {base.id}, same versions manifest and bake "
+        f"inputs) and {state}; not rebuilding"
+    )
 
 
 def _publish(args: argparse.Namespace) -> int:
