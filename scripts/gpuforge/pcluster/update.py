@@ -31,10 +31,10 @@ LOG = logging.getLogger(__name__)
 # (https://docs.aws.amazon.com/parallelcluster/latest/ug/Scheduling-v3.html, SlurmSettings /
 # QueueUpdateStrategy; the values are pcluster.config.cluster_config.QueueUpdateStrategy's).
 STRATEGY_EFFECTS = {
-    "DRAIN": "the queue's nodes are drained: running jobs finish, no new job starts on them, and each node is "
-    "replaced with the new settings once idle (no job is killed)",
-    "TERMINATE": "the queue's nodes are terminated at once and replaced with the new settings (running jobs are "
-    "killed and requeued)",
+    "DRAIN": "the queue's nodes are drained: running jobs finish, no new job starts on them, and each "
+    "node is replaced with the new settings once idle (no job is killed)",
+    "TERMINATE": "the queue's nodes are terminated at once and replaced with the new settings (running "
+    "jobs are killed and requeued)",
     "COMPUTE_FLEET_STOP": "the compute fleet must be stopped first (pcluster update-compute-fleet "
     "--status STOP_REQUESTED); nodes start with the new settings when it is started again",
 }
