@@ -95,6 +95,11 @@ EXPECTED: dict[str, tuple[str, bool] | str] = {
 }
 
 
+FRESH = "check-mode-fresh-host"
+SYSTEM_PYTHON = "/usr/bin/python3"
+DEBIAN = yaml.safe_load((ROLE / "vars/Debian.yml").read_text())
+
+
 def _prepare(root: Path, case: str) -> dict[str, str]:
     base = root / case
     recorded, binary, mpi, _ = CASES[case]
@@ -118,10 +123,40 @@ def _prepare(root: Path, case: str) -> dict[str, str]:
     }
 
 
+def _apt_python() -> str:
+    """The control host's Python with python3-apt, which the apt module needs even in check mode."""
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import apt"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"the role's apt task needs python3-apt for {SYSTEM_PYTHON} on the control host")
+    return SYSTEM_PYTHON
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("nccl-tests-plan")
     cases: dict[str, list[dict[str, Any]]] = {}
+    # The whole role (its argument check included) with the OS defaults, on a host without a build; first,
+    # so that no case before it has loaded the role's vars/ into the host's variables.
+    cases[FRESH] = [
+        {
+            "ansible.builtin.include_role": {"name": "gpuforge.gpu.nccl_tests"},
+            "vars": {
+                "nccl_tests_prefix": str(root / FRESH / "prefix"),
+                "nccl_tests_build_dir": str(root / FRESH / "build"),
+            },
+        },
+        record(
+            FRESH,
+            {
+                "action": "{{ gpuforge_reality.nccl_tests.action }}",
+                "build": "{{ _nccl_tests_build_needed | bool }}",
+                "mpi_pending": "{{ _nccl_tests_mpi_pending | bool }}",
+                # The role's defaults stay inside it; what it looked at does not.
+                "mpi_h": "{{ _nccl_tests_stats.results[3].item }}",
+                "mpi_h_sha1": "{{ _nccl_tests_wanted.mpi_h_sha1 }}",
+            },
+        ),
+    ]
     for case, (_, _, _, extra) in CASES.items():
         role_vars = {**_prepare(root, case), **extra}
         cases[case] = [
@@ -144,6 +179,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "gpuforge_instance_type": "p5.48xlarge",
         "gpuforge_common_imds_enabled": False,
         "gpuforge_common_manifest_enabled": False,
+        # The role's first task is apt (its prerequisites, check mode here): the module needs python3-apt,
+        # which only the system's Python has, and mitogen cannot respawn a module into another Python.
+        "ansible_python_interpreter": _apt_python(),
     }
     return run_cases(tmp_path_factory.mktemp("nccl-tests-play"), cases, play_vars)
 
@@ -164,6 +202,52 @@ def test_build_decision(outcomes: dict[str, Any], case: str) -> None:
         # keep: the source stays what the previous manifest said (none here: base_image by default).
         action == "keep" and got == {"action": action, "build": build, "source": "base_image"}
     )
+
+
+@pytest.mark.slow
+def test_check_mode_on_a_fresh_host_passes_the_whole_role(outcomes: dict[str, Any]) -> None:
+    """The role as a play runs it, in check mode on a Debian host where Debian's Open MPI headers are not
+    installed yet: its argument check passes before vars/ are loaded (the defaults name no per-OS constant
+    without a fallback), and as the prerequisites would bring mpi.h, check mode reports the build it would
+    make instead of failing on the missing header. A missing header elsewhere still fails (case no-mpi)."""
+    mpi_h = Path(DEBIAN["_nccl_tests_mpi_home"]) / "include/mpi.h"
+    if _os_release().get("ID") != "debian" or mpi_h.exists():
+        pytest.skip(f"needs a Debian control host without {mpi_h} (a fresh host for the role's MPI)")
+    assert outcomes[FRESH] == {
+        "action": "install",
+        "build": True,
+        "mpi_pending": True,
+        "mpi_h": str(mpi_h),
+        "mpi_h_sha1": "",
+    }
+
+
+def _os_release() -> dict[str, str]:
+    lines = Path("/etc/os-release").read_text().splitlines()
+    return dict((k, v.strip('"')) for k, _, v in (line.partition("=") for line in lines) if k)
+
+
+def _task_index(tasks: list[dict[str, Any]], predicate: Any) -> int:
+    found = [i for i, task in enumerate(tasks) if predicate(task)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_prerequisites_are_installed_before_the_build_inputs_are_read() -> None:
+    """On Debian the prerequisites bring mpi.h: they are installed once, before the task that reads its
+    checksum into the build inputs, so a first run records the header a rerun will find (no rebuild)."""
+    install = yaml.safe_load((ROLE / "tasks/install.yml").read_text())
+    build = yaml.safe_load((ROLE / "tasks/build.yml").read_text())
+    apt = _task_index(install, lambda t: "ansible.builtin.apt" in t)
+    assert install[apt]["ansible.builtin.apt"]["name"] == "{{ _nccl_tests_build_packages }}"
+    reads = _task_index(
+        install,
+        lambda t: "ansible.builtin.stat" in t and any("mpi.h" in str(item) for item in t.get("loop", [])),
+    )
+    assert apt < reads
+    assert not [t for t in build if "ansible.builtin.apt" in t]
+    assert DEBIAN["_nccl_tests_mpi_package"] == "libopenmpi-dev"
+    assert "{{ _nccl_tests_mpi_package }}" in DEBIAN["_nccl_tests_build_packages"]
 
 
 # --- the lab's stand-in source archive ----------------------------------------------------------
