@@ -1054,10 +1054,23 @@ def test_a_link_trained_down_a_generation_fails_under_load(config: dict[str, Any
     tools.set(
         "nvidia-smi", PCIE_GEN_NOW_QUERY, replace_rows(fixture("smi-pcie-gen-current-p5.csv"), 3, "3, 4")
     )
-    got = by_check(HEALTH.run_checks(config, "prolog"))["gpu_pcie_link"]
+    # boot runs dcgmi diag -r 2, whose PCIe plugin loads the link (the prolog's -r 1 does not).
+    got = by_check(HEALTH.run_checks(config, "boot"))["gpu_pcie_link"]
     assert (got["status"], got["detail"]) == (
         "fail",
         "GPU 3 at Gen4 x16 under load (max Gen5) (expected Gen5 x16)",
+    )
+
+
+def test_the_prolog_short_diagnostic_does_not_judge_idle_links(config: dict[str, Any], tools: Tools) -> None:
+    """dcgmi diag -r 1 runs software checks only (no GPU load): healthy links idling at Gen1 meanwhile
+    are not judged (and never drain the node); the detail says why."""
+    tools.set("nvidia-smi", PCIE_GEN_NOW_QUERY, "".join(f"{i}, 1\n" for i in range(8)))
+    got = by_check(HEALTH.run_checks(config, "prolog"))["gpu_pcie_link"]
+    assert (got["status"], got["detail"]) == (
+        "pass",
+        "every GPU at x16 or wider; generation not judged: dcgmi diag -r 1 runs software checks only "
+        "and does not load the PCIe link (level 2 does); max Gen5",
     )
 
 
@@ -1075,7 +1088,7 @@ def test_the_highest_generation_seen_during_the_diagnostic_counts(
     config: dict[str, Any], tools: Tools, tmp_path: Path
 ) -> None:
     """Idle GPUs report Gen1; the samples taken while dcgmi diag runs find Gen5, and that is judged."""
-    tools.set("dcgmi", "diag -r 1", "| Deployment | Pass |\n")
+    tools.set("dcgmi", "diag -r 2", "| Deployment | Pass |\n| Memory    | Pass |\n")
     dcgmi = tmp_path / "slow-dcgmi"
     dcgmi.write_text(f'#!/bin/sh\nsleep 1\nexec {tools.path("dcgmi")} "$@"\n')
     dcgmi.chmod(0o755)
@@ -1093,12 +1106,12 @@ def test_the_highest_generation_seen_during_the_diagnostic_counts(
     )
     smi.chmod(0o755)
     config["tools"].update({"dcgmi": str(dcgmi), "nvidia-smi": str(smi)})
-    got = by_check(HEALTH.run_checks(config, "prolog"))
+    got = by_check(HEALTH.run_checks(config, "boot"))
     assert len(count.read_text().splitlines()) >= 2
     assert got["gpu_pcie_link"] == {
         "check": "gpu_pcie_link",
         "status": "pass",
-        "detail": "every GPU at Gen5 x16 or better (generation sampled under dcgmi diag -r 1)",
+        "detail": "every GPU at Gen5 x16 or better (generation sampled under dcgmi diag -r 2)",
     }
     assert got["dcgm_diag"]["status"] == "pass"
 
