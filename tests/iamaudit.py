@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -70,10 +71,23 @@ PACKER_DOCUMENTED = frozenset(
         "iam:GetInstanceProfile",
     }
 )
+# What the amazon-ebs builder's Session Manager path adds (ssh_interface = "session_manager", the
+# template's default), which its documented minimal policy above does not list: StartSession with the
+# document AWS-StartPortForwardingSession and TerminateSession of that session (packer-plugin-amazon
+# v1.8.2, 3896533, common/ssm/session.go:42,57,97), and the data channel the session-manager-plugin it
+# runs (session.go:155) opens, which AWS's Session Manager quickstart end-user policies grant as
+# ssmmessages:OpenDataChannel (docs.aws.amazon.com/systems-manager/latest/userguide/
+# getting-started-restrict-access-quickstart.html).
+PACKER_SESSION_MANAGER = frozenset(
+    {"ssm:StartSession", "ssm:TerminateSession", "ssmmessages:OpenDataChannel"}
+)
 # Actions IAM authorizes besides the one an operation is named after, for the way gpuforge calls it:
 # S3 authorizes GetObject with a VersionId as s3:GetObjectVersion (prune reads the config version a
-# ParallelCluster stack names).
-IMPLIED = {"s3:GetObject": ("s3:GetObjectVersion",)}
+# ParallelCluster stack names); RunInstances with an instance profile (the canary always passes one) is
+# also authorized as iam:PassRole of its role (Service Authorization Reference for Amazon EC2,
+# RunInstances' dependent actions; https://docs.aws.amazon.com/IAM/latest/UserGuide/
+# id_roles_use_passrole.html).
+IMPLIED = {"s3:GetObject": ("s3:GetObjectVersion",), "ec2:RunInstances": ("iam:PassRole",)}
 # Verbs that change or destroy what exists: never granted on every resource.
 DESTRUCTIVE_VERBS = ("Delete", "Deregister", "Terminate", "Stop", "Put", "Modify", "Pass")
 
@@ -189,7 +203,31 @@ def ungranted(calls: dict[str, set[str]], policy: dict[str, Any]) -> list[str]:
 # missing key, ForAnyValue false; several keys or operators in one block must all hold.
 
 ACCOUNT = "123456789012"  # moto's account; the evaluated ARNs carry it.
+# The pipeline role's aws:userid as an assumed role: role-id:role-session-name (IAM policy variables,
+# https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html#principaltable).
+# A recorded call may name another (principal_userid), e.g. a session somebody else started.
+CALLER_USERID = "AROA0GPUFORGE0PIPELINE0:gpuforge-bake"
 Context = dict[str, list[str]]
+_VARIABLE = re.compile(r"\$\{([^}]+)\}")
+
+
+def substitute(value: str, context: Context) -> str | None:
+    """A policy variable (${aws:userid}) replaced by the request's value; None when the request has no
+    such key, which IAM treats as no match (IAM policy elements: Variables and tags, "Specifying
+    default values" and the note on missing keys)."""
+    missing = False
+
+    def one(match: re.Match[str]) -> str:
+        nonlocal missing
+        key = match.group(1)
+        values = next((v for k, v in context.items() if k.lower() == key.lower()), None)
+        if not values:
+            missing = True
+            return ""
+        return values[0]
+
+    result = _VARIABLE.sub(one, value)
+    return None if missing else result
 
 
 @dataclass(frozen=True)
@@ -233,7 +271,7 @@ _NEGATED = {"StringNotEquals": "StringEquals", "StringNotLike": "StringLike", "A
 
 def condition_holds(operator: str, key: str, wanted_raw: Any, context: Context) -> bool:
     """One operator/key pair of a Condition block against the request context."""
-    wanted = _listed(wanted_raw)
+    wanted = [w for w in (substitute(v, context) for v in _listed(wanted_raw)) if w is not None]
     values = next((v for k, v in context.items() if k.lower() == key.lower()), None)
     qualifier, _, base = operator.rpartition(":")
     if_exists = base.endswith("IfExists")
@@ -265,7 +303,8 @@ def _matches(statement: dict[str, Any], request: Request) -> bool:
     if not acted:
         return False
     if "Resource" in statement:
-        placed = any(_like(r, request.resource) for r in _listed(statement["Resource"]))
+        patterns = [substitute(r, request.context) for r in _listed(statement["Resource"])]
+        placed = any(r is not None and _like(r, request.resource) for r in patterns)
     else:
         placed = not any(_like(r, request.resource) for r in _listed(statement["NotResource"]))
     if not placed:
@@ -432,10 +471,43 @@ def _ec2_requests(call: dict[str, Any]) -> list[Request]:
     profile = call.get("params", {}).get("IamInstanceProfile.Name")
     if call["action"] == "RunInstances" and profile:
         # gpuforge's builder profile and its role share one name (gpuforge.ami.iam, BuilderRole).
+        # The builder's and the canary's profiles share their role's name (gpuforge.ami.iam); IAM
+        # passes the role to EC2 (the iam:PassedToService key, Service Authorization Reference for IAM:
+        # https://docs.aws.amazon.com/service-authorization/latest/reference/
+        # list_awsidentityandaccessmanagementiam.html).
+        passed = {"iam:PassedToService": ["ec2.amazonaws.com"]}
         requests.append(
-            Request("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/{profile}", {}, "the builder's role")
+            Request("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/{profile}", passed, "the instance's role")
         )
     return requests + implied_kms_requests(call)
+
+
+# Session Manager (the builder's tunnel): StartSession is authorized on the target instance, whose tags
+# reach IAM as ssm:resourceTag/<key>, and on the session document (an AWS-owned document's ARN has no
+# account); TerminateSession and the data channel on the session, which carries the system tags
+# aws:ssmmessages:session-id (the caller's aws:userid) and aws:ssmmessages:target-id (AWS Systems Manager
+# user guide: getting-started-restrict-access-examples, "Allow a user to end only sessions they started",
+# Method 2; getting-started-specify-session-document for the document ARN).
+_SESSION_DOCUMENT_ACCOUNT = ""
+
+
+def _session_requests(call: dict[str, Any], context: Context) -> list[Request]:
+    region = call.get("region", "us-east-1")
+    action = f"{call.get('service')}:{call['action']}"
+    requests = []
+    for resource_id, tags in call.get("resources", {}).items():
+        tagged = {**context, **_tag_context("ssm:resourceTag", tags)}
+        if resource_id.startswith("i-"):
+            tagged.update(_tag_context("aws:ResourceTag", tags))
+            requests.append(Request(action, arn(region, "instance", resource_id), tagged, "the target"))
+        else:
+            resource = f"arn:aws:ssm:{region}:{ACCOUNT}:session/{resource_id}"
+            requests.append(Request(action, resource, tagged, "the session"))
+    document = call.get("params", {}).get("DocumentName")
+    if call["action"] == "StartSession" and document:
+        resource = f"arn:aws:ssm:{region}:{_SESSION_DOCUMENT_ACCOUNT}:document/{document}"
+        requests.append(Request(action, resource, context, "the session document"))
+    return requests
 
 
 def requests_for(call: dict[str, Any]) -> list[Request]:
@@ -444,7 +516,12 @@ def requests_for(call: dict[str, Any]) -> list[Request]:
     if service == "ec2":
         return _ec2_requests(call)
     region = call.get("region", "us-east-1")
-    context: Context = {"aws:RequestedRegion": [region]}
+    context: Context = {
+        "aws:RequestedRegion": [region],
+        "aws:userid": [call.get("principal_userid", CALLER_USERID)],
+    }
+    if service == "ssmmessages" or call["action"] in ("StartSession", "TerminateSession"):
+        return _session_requests(call, context)
     if service == "ssm":
         name = call.get("Name") or call.get("Path", "")
         account = "" if name.startswith("/aws/service/") else ACCOUNT

@@ -95,7 +95,8 @@ def test_policy_fits_a_managed_policy() -> None:
 
 def test_packer_grants_come_from_packers_documented_policy() -> None:
     packer_grants = iamaudit.granted(iamaudit.load_policy(), "Packer")
-    assert packer_grants <= iamaudit.PACKER_DOCUMENTED, packer_grants - iamaudit.PACKER_DOCUMENTED
+    sourced = iamaudit.PACKER_DOCUMENTED | iamaudit.PACKER_SESSION_MANAGER
+    assert packer_grants <= sourced, packer_grants - sourced
     # What the amazon-ebs builder cannot work without (launch, image, clean up).
     assert {"ec2:RunInstances", "ec2:CreateImage", "ec2:TerminateInstances", "iam:PassRole"} <= packer_grants
 
@@ -242,7 +243,7 @@ def test_policy_allows_every_call_of_the_amazon_plugins_bake(scenario: str) -> N
     """
     calls = _made(PLUGIN_SEQUENCE["scenarios"][scenario]["calls"])
     assert iamaudit.denied(iamaudit.load_policy(), calls) == []
-    if scenario != "success":
+    if scenario.startswith("fail"):
         assert {"DeregisterImage", "DeleteSnapshot", "TerminateInstances"} <= {c["action"] for c in calls}
 
 
@@ -251,7 +252,7 @@ def test_the_plugin_sequence_names_its_source() -> None:
     assert about["tag"] == "v1.8.2" and len(about["commit"]) == 40
     for scenario in PLUGIN_SEQUENCE["scenarios"].values():
         for call in scenario["calls"]:
-            assert re.fullmatch(r"(common|builder/ebs)/\w+\.go:\d+", call["source"]), call
+            assert re.fullmatch(r"(common|builder/ebs)/(ssm/)?\w+\.go:\d+", call["source"]), call
 
 
 def _recorded(scenario: str) -> dict[str, Any]:
@@ -466,3 +467,99 @@ def test_kms_grants_only_for_aws_resources_through_ec2() -> None:
     assert iamaudit.decide(policy, direct) == "ImplicitDeny"
     decrypt = iamaudit.Request("kms:Decrypt", key, {})
     assert iamaudit.decide(policy, decrypt) == "ImplicitDeny"
+
+
+# --- Session Manager: how Packer reaches the builder (ssh_interface = "session_manager") -------------
+
+SESSION_SCENARIO = PLUGIN_SEQUENCE["scenarios"]["success-session-manager"]["calls"]
+
+
+def _one(action: str) -> dict[str, Any]:
+    (call,) = [c for c in SESSION_SCENARIO if c["action"] == action]
+    return dict(call)
+
+
+def test_the_session_manager_bake_makes_the_tunnels_calls_in_order() -> None:
+    """The plugin's SSM path: StartSession on the builder with AWS-StartPortForwardingSession after launch,
+    TerminateSession once the builder stopped, and no SSH ingress rule (SkipSSHRuleCreation)."""
+    actions = [c["action"] for c in SESSION_SCENARIO]
+    assert "AuthorizeSecurityGroupIngress" not in actions
+    assert actions.index("RunInstances") < actions.index("StartSession") < actions.index("StopInstances")
+    assert actions.index("StopInstances") < actions.index("TerminateSession") < actions.index("CreateImage")
+    assert _one("StartSession")["params"]["DocumentName"] == "AWS-StartPortForwardingSession"
+
+
+def test_session_manager_grants_are_what_the_tunnel_needs() -> None:
+    requests = [r for call in SESSION_SCENARIO for r in iamaudit.requests_for(call)]
+    resources: dict[str, set[str]] = {r.action: set() for r in requests}
+    for request in requests:
+        resources[request.action].add(request.resource)
+    assert resources["ssm:StartSession"] == {
+        "arn:aws:ec2:us-east-1:123456789012:instance/i-0b1de5c0ffee00001",
+        "arn:aws:ssm:us-east-1::document/AWS-StartPortForwardingSession",
+    }
+    assert resources["ssm:TerminateSession"] == {
+        "arn:aws:ssm:us-east-1:123456789012:session/gpuforge-bake-0b1de5c0ffee00009"
+    }
+
+
+SESSION_OUT_OF_SCOPE = {
+    # A session to an instance no bake launched (no build id on it).
+    "start-on-untagged-instance": {
+        **_one("StartSession"),
+        "resources": {"i-0fee1d00000000001": {"Name": "db"}},
+    },
+    # A shell (or any other document) instead of port forwarding to the builder.
+    "start-with-another-document": {
+        **_one("StartSession"),
+        "params": {"DocumentName": "AWS-StartInteractiveCommand", "Target": "i-0b1de5c0ffee00001"},
+    },
+    # Ending a session another principal started.
+    "terminate-someone-elses-session": {
+        **_one("TerminateSession"),
+        "resources": {
+            "alice-0fee1d00000000001": {
+                "aws:ssmmessages:session-id": "AROA0SOMEBODY0ELSE0000:alice",
+                "aws:ssmmessages:target-id": "i-0fee1d00000000001",
+            }
+        },
+    },
+    # A session without the system tag (the condition key is missing: no match).
+    "terminate-untagged-session": {**_one("TerminateSession"), "resources": {"x-0fee1d00000000001": {}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SESSION_OUT_OF_SCOPE))
+def test_policy_denies_sessions_no_bake_needs(name: str) -> None:
+    assert iamaudit.denied(iamaudit.load_policy(), [SESSION_OUT_OF_SCOPE[name]]) != []
+
+
+def test_policy_variables_are_substituted_from_the_request() -> None:
+    context = {"aws:userid": ["AROA1:me"]}
+    assert iamaudit.substitute("${aws:userid}", context) == "AROA1:me"
+    assert iamaudit.substitute("session/${aws:userid}-*", context) == "session/AROA1:me-*"
+    assert iamaudit.substitute("${aws:username}", context) is None
+
+
+# --- the canary nodes' role: passed only to EC2, only gpuforge-canary* ------------------------------
+
+CANARY_TAG = {"gpuforge:canary": "canary-20261206"}
+
+
+def _canary_launch(profile: str) -> dict[str, Any]:
+    return {
+        "action": "RunInstances",
+        "region": "us-east-1",
+        "params": {"InstanceType": "p5.48xlarge", "IamInstanceProfile.Name": profile},
+        "request_tags": {"instance": CANARY_TAG, "volume": CANARY_TAG},
+        "resources": {"ami-0123456789abcdef0": IMAGE, "subnet-0b1de5c0ffee00007": {}},
+    }
+
+
+def test_policy_lets_the_canary_pass_its_node_role_to_ec2_only() -> None:
+    policy = iamaudit.load_policy()
+    assert iamaudit.denied(policy, [_canary_launch("gpuforge-canary-us-east-1")]) == []
+    assert iamaudit.denied(policy, [_canary_launch("admin")]) != []
+    role = f"arn:aws:iam::{iamaudit.ACCOUNT}:role/gpuforge-canary-us-east-1"
+    to_lambda = iamaudit.Request("iam:PassRole", role, {"iam:PassedToService": ["lambda.amazonaws.com"]})
+    assert iamaudit.decide(policy, to_lambda) == "ImplicitDeny"
