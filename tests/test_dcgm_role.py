@@ -93,7 +93,7 @@ def test_every_method_connects_to_the_hosts_engine(method: str) -> None:
     args = commands[0].split()
     assert args[args.index("--remote-hostengine-info") + 1] == "localhost:5555"
     assert args[args.index("--address") + 1] == ":9400"
-    assert args[args.index("--collectors") + 1] == "/etc/dcgm-exporter/default-counters.csv"
+    assert args[args.index("--collectors") + 1] == "/etc/dcgm-exporter/gpuforge-counters.csv"
     assert HOST_ENGINE in " ".join(values(unit, "Requires")).split()
     assert HOST_ENGINE in " ".join(values(unit, "After")).split()
 

@@ -242,7 +242,7 @@ def test_dcgm_exporter_unit_uses_the_hosts_engine(host):
     shown = host.check_output(f"systemctl show --property=ExecStart,Requires,After {EXPORTER_UNIT}")
     assert "--remote-hostengine-info localhost:5555" in shown
     assert "--address :9400" in shown
-    assert "--collectors /etc/dcgm-exporter/default-counters.csv" in shown
+    assert "--collectors /etc/dcgm-exporter/gpuforge-counters.csv" in shown
     assert shown.count("argv[]=") == 1, "the package's own command line must be cleared"
     requires = next(line for line in shown.splitlines() if line.startswith("Requires="))
     assert "nvidia-dcgm.service" in requires.split("=", 1)[1].split()
@@ -256,7 +256,7 @@ def test_dcgm_exporter_unit_uses_the_hosts_engine(host):
 
 def test_dcgm_collectors_file_is_well_formed(host):
     """Every collector line is 'DCGM_FI_* , gauge|counter, help'."""
-    csv = host.file("/etc/dcgm-exporter/default-counters.csv")
+    csv = host.file("/etc/dcgm-exporter/gpuforge-counters.csv")
     assert (csv.user, csv.group) == ("root", "root") and csv.mode == 0o644
     rows = [line for line in csv.content_string.splitlines() if line.strip() and not line.startswith("#")]
     assert rows
