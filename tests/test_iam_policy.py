@@ -563,3 +563,45 @@ def test_policy_lets_the_canary_pass_its_node_role_to_ec2_only() -> None:
     role = f"arn:aws:iam::{iamaudit.ACCOUNT}:role/gpuforge-canary-us-east-1"
     to_lambda = iamaudit.Request("iam:PassRole", role, {"iam:PassedToService": ["lambda.amazonaws.com"]})
     assert iamaudit.decide(policy, to_lambda) == "ImplicitDeny"
+
+
+def test_pipeline_role_creates_the_canary_nodes_role_the_canary_policy_passes(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    """The canary's profile: SSM core and s3:PutObject under the results prefix, named so that the canary
+    policy's PassRole (gpuforge-canary*) covers it; deployed on moto with the results bucket given."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuforge.cli", "pipeline-role"], capture_output=True, text=True, check=True
+    )
+    cfn = boto3.client("cloudformation")
+    cfn.create_stack(
+        StackName="gpuforge-canary-role",
+        TemplateBody=result.stdout,
+        Capabilities=["CAPABILITY_NAMED_IAM"],
+        Parameters=[{"ParameterKey": "CanaryResultsBucket", "ParameterValue": "acme-canary"}],
+    )
+    iam_client = boto3.client("iam")
+    profile = iam_client.get_instance_profile(InstanceProfileName="gpuforge-canary-us-east-1")[
+        "InstanceProfile"
+    ]
+    (role,) = profile["Roles"]
+    assert role["RoleName"] == "gpuforge-canary-us-east-1"
+    assert iam_client.list_role_policies(RoleName=role["RoleName"])["PolicyNames"] == ["canary-results"]
+    # moto's CloudFormation neither attaches AWS managed policies nor returns inline documents as JSON, so
+    # the template says what the role holds.
+    node_role = json.loads(result.stdout)["Resources"]["CanaryNodeRole"]["Properties"]
+    assert node_role["ManagedPolicyArns"] == [
+        {"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/AmazonSSMManagedInstanceCore"}
+    ]
+    (results,) = node_role["Policies"][0]["PolicyDocument"]["Statement"]
+    assert results["Action"] == ["s3:PutObject"]
+    assert results["Resource"] == {
+        "Fn::Sub": "arn:${AWS::Partition}:s3:::${CanaryResultsBucket}/gpuforge-canary/*"
+    }
+    # The role the profile holds is one the canary policy lets the pipeline role pass to EC2.
+    passed = iamaudit.Request(
+        "iam:PassRole",
+        f"arn:aws:iam::{iamaudit.ACCOUNT}:role/{role['RoleName']}",
+        {"iam:PassedToService": ["ec2.amazonaws.com"]},
+    )
+    assert iamaudit.decide(iamaudit.load_policy(), passed) == "Allow"
