@@ -26,6 +26,7 @@ from gpuforge.errors import ExternalError, UserError
 _COMMAND_MODULES = (
     "gpuforge.lab.cli",
     "gpuforge.pcluster.cli",
+    "gpuforge.pcluster.roll",
     "gpuforge.preflight.cli",
     "gpuforge.nccl.cli",
     "gpuforge.ami.cli",

@@ -251,6 +251,11 @@ def _set_strategy(patched: dict[str, Any], strategy: str | None) -> None:
         settings["QueueUpdateStrategy"] = DEFAULT_QUEUE_UPDATE_STRATEGY
 
 
+def set_queue_update_strategy(config: dict[str, Any], strategy: str) -> None:
+    """Write Scheduling.SlurmSettings.QueueUpdateStrategy in place (gpuforge roll's revision route)."""
+    _set_strategy(config, strategy)
+
+
 def set_custom_ami(
     config: dict[str, Any],
     ami_id: str,
