@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import http.server
-import importlib.metadata
 import io
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -380,7 +381,11 @@ def test_inventory_matches_what_the_fleet_inventory_plugin_gives_the_node(node: 
     assert set(inv["children"]) == expected_groups
 
 
-# The pinned runtime the role installs.
+# The pinned runtime the role installs: the node's own set (files/constraints.txt), for every base's python3.
+
+ROLE_PINS = ROLE / "files/constraints.txt"
+# Ubuntu 22.04's python3 (DLAMI, ParallelCluster), Ubuntu 24.04's, Debian 12's (the lab).
+BASE_PYTHONS = ("3.10", "3.12", "3.11")
 
 
 def _pins(path: Path) -> dict[str, str]:
@@ -389,30 +394,129 @@ def _pins(path: Path) -> dict[str, str]:
         for line in path.read_text().splitlines()
         if "==" in line and not line.startswith("#")
     )
-    return {name.strip().lower().replace("_", "-"): version.strip() for name, version in lines}
+    return {_norm(name): version.strip() for name, version in lines}
 
 
-def test_role_pins_are_the_constraints_and_cover_every_requirement() -> None:
-    """files/constraints.txt holds requirements/constraints.txt's exact versions of ansible-core, boto3 and
-    everything they require (walked in this venv, which is installed from the same constraints)."""
-    role, repo = _pins(ROLE / "files/constraints.txt"), _pins(REPO / "requirements/constraints.txt")
-    assert {name: repo.get(name) for name in role} == role
-    needed, todo = set(), ["ansible-core", "boto3"]
-    while todo:
-        name = todo.pop().lower().replace("_", "-")
-        if name in needed:
-            continue
-        needed.add(name)
-        for req in importlib.metadata.requires(name) or []:
-            if "extra ==" not in req:
-                todo.append(re.split(r"[ ;<>=!~\[(]", req)[0])
-    assert needed <= set(role), sorted(needed - set(role))
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.strip()).lower()
 
 
-def test_role_python_floor_is_the_pinned_ansible_core_requires_python() -> None:
-    floor = yaml.safe_load((ROLE / "vars/main.yml").read_text())["_gpuforge_node_min_python"]
-    requires = importlib.metadata.metadata("ansible-core")["Requires-Python"]
-    assert requires == ">=" + ".".join(str(n) for n in floor)
+def _role_vars() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((ROLE / "vars/main.yml").read_text())
+    return loaded
+
+
+def _pypi_reachable() -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen("https://pypi.org/simple/ansible-core/", timeout=15):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def resolved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """What pip resolves for the role's top-level requirements under the role's constraints, per base
+    Python (pip --dry-run --report, manylinux x86_64 wheels, PyPI only: no config file, no local wheels)."""
+    if not _pypi_reachable():
+        pytest.skip("PyPI unreachable: the node runtime's pins cannot be resolved here")
+    pip = Path(sys.executable).with_name("pip")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CERT"}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    out: dict[str, dict[str, Any]] = {}
+    for python in BASE_PYTHONS:
+        work = tmp_path_factory.mktemp(f"pip-{python}")
+        report = work / "report.json"
+        command = [str(pip), "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report)]
+        command += ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+        for platform in ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"):
+            command += ["--platform", platform]
+        command += ["--target", str(work / "t"), "--constraint", str(ROLE_PINS)]
+        command += _role_vars()["_gpuforge_node_requirements"]
+        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+        assert run.returncode == 0, f"Python {python}: the pins do not install:\n{run.stderr[-3000:]}"
+        out[python] = {
+            _norm(item["metadata"]["name"]): item["metadata"]
+            for item in json.loads(report.read_text())["install"]
+        }
+    return out
+
+
+@pytest.mark.parametrize("python", BASE_PYTHONS)
+def test_node_pins_are_exactly_what_pip_resolves_on_each_base_python(
+    resolved: dict[str, dict[str, Any]], python: str
+) -> None:
+    """Every pin installs on that Python, every requirement is pinned, and nothing is pinned that nothing
+    needs: pip's resolution of ansible-core + boto3 under the constraints is the constraints."""
+    got = {name: meta["version"] for name, meta in resolved[python].items()}
+    assert got == _pins(ROLE_PINS)
+
+
+def test_node_python_range_is_the_pinned_ansible_core_s() -> None:
+    """The role's floor is the pinned ansible-core's Requires-Python (read from its wheel by the resolution
+    above in test_node_pins_...); here from the pin itself: 2.17.x, whose controller runs on 3.10 to 3.12
+    (https://gist.github.com/sivel/3fc22827e48e60c077a6db058ed6bee2). Every supported base's python3 is
+    inside the range, so no base needs an extra Python."""
+    role = _role_vars()
+    floor, ceiling = tuple(role["_gpuforge_node_min_python"]), tuple(role["_gpuforge_node_max_python"])
+    assert _pins(ROLE_PINS)["ansible-core"].startswith("2.17.")
+    assert (floor, ceiling) == ((3, 10), (3, 12))
+    for python in BASE_PYTHONS:
+        assert floor <= tuple(int(n) for n in python.split(".")) <= ceiling, python
+
+
+def test_node_floor_is_the_requires_python_of_the_pinned_wheel(resolved: dict[str, dict[str, Any]]) -> None:
+    floor = _role_vars()["_gpuforge_node_min_python"]
+    requires = resolved["3.12"]["ansible-core"]["requires_python"]
+    assert requires.replace(" ", "") == ">=" + ".".join(str(n) for n in floor)
+
+
+def test_node_runtime_is_not_the_controller_s_where_that_needs_a_newer_python() -> None:
+    """The role's pins differ from requirements/constraints.txt only in what Python 3.10 forces (the
+    controller's ansible-core 2.19 and pycparser 3.12 need 3.11); the rest stays the tested set."""
+    role, repo = _pins(ROLE_PINS), _pins(REPO / "requirements/constraints.txt")
+    differ = {name for name in role if repo.get(name) != role[name]}
+    assert differ == {"ansible-core", "resolvelib", "pycparser"}
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12"])
+def test_entry_point_runs_on_every_base_python(version: str, tmp_path: Path) -> None:
+    """gpuforge-node runs under the venv's Python, 3.10 on Ubuntu 22.04: its arguments, the tarball's
+    safe unpacking (tarfile's data filter) and the inventory work there (pyenv's interpreters here)."""
+    found = [p for p in (Path(f"/usr/bin/python{version}"),) if p.exists()]
+    # CI images carry the other versions under pyenv.
+    pyenv = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv"))
+    found += sorted(pyenv.glob(f"versions/{version}.*/bin/python"))
+    if not found:
+        pytest.skip(f"no Python {version} on this host")
+    code = (
+        "import sys, io, tarfile, pathlib; sys.path.insert(0, sys.argv[1]); import gpuforge_node as g\n"
+        "a = g.parse_args(['apply', '--node-type', 'Compute', '--queue', 'gpu'])\n"
+        "b = io.BytesIO(); t = tarfile.open(fileobj=b, mode='w:gz')\n"
+        "i = tarfile.TarInfo('playbooks/fleet.yml')\n"
+        "i.size = 4; t.addfile(i, io.BytesIO(b'---\\n')); t.close()\n"
+        "tree = g.unpack_revision(b.getvalue(), pathlib.Path(sys.argv[2]), 'a' * 40)\n"
+        "inv = g.inventory(g.Facts(node_type=a.node_type, instance_type='p5.48xlarge', queue=a.queue))\n"
+        "print(tree.name, sorted(inv['all']['children']))\n"
+        # Refused there too: a name out of the tree, a link out of it.
+        "for kind, name, link in ((tarfile.REGTYPE, '../../escape', ''), (tarfile.SYMTYPE, 'up', '/etc')):\n"
+        "    b = io.BytesIO(); t = tarfile.open(fileobj=b, mode='w:gz'); i = tarfile.TarInfo(name)\n"
+        "    i.type, i.linkname = kind, link; t.addfile(i, io.BytesIO(b'')); t.close()\n"
+        "    try: g.unpack_revision(b.getvalue(), pathlib.Path(sys.argv[2]), 'b' * 40)\n"
+        "    except (g.NodeError, tarfile.TarError) as exc: print('refused', type(exc).__name__)\n"
+    )
+    run = subprocess.run(
+        [str(found[0]), "-c", code, str(ROLE / "files"), str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split(" ", 1)[0] == "a" * 40
+    assert "'queue_gpu'" in run.stdout
+    assert run.stdout.count("refused") == 2, run.stdout
+    assert not (tmp_path / "revisions" / ("b" * 40)).exists()
+    assert not (tmp_path.parent / "escape").exists()
 
 
 # scripts/pcluster/on_node_configured.sh

@@ -19,8 +19,8 @@ https://docs.aws.amazon.com/parallelcluster/latest/ug/moving-from-v2-to-v3.html)
 instance's ParallelCluster tags in IMDS where instance tags in metadata are enabled; the instance
 type and region from IMDSv2.
 
-Standard library only at import time (boto3 is imported for a fetch alone), so the unit tests load
-it from any Python >= 3.11.
+Standard library only at import time (boto3 is imported for a fetch alone). It runs under the image's
+python3 (the runtime's venv): 3.10 on Ubuntu 22.04, 3.11 on Debian 12, 3.12 on Ubuntu 24.04.
 """
 
 from __future__ import annotations
@@ -217,6 +217,34 @@ def s3_getter(bucket: str, key: str, region: str | None) -> Callable[[], bytes]:
     return get
 
 
+def extract_safely(tar: tarfile.TarFile, target: Path) -> None:
+    """Extract a revision's tarball into `target`, refusing what could reach outside it.
+
+    Where tarfile has extraction filters (PEP 706: Python 3.12, and the 3.10.12 / 3.11.4 backports,
+    https://peps.python.org/pep-0706/) its "data" filter does this. Debian 12's python3.11 is 3.11.2
+    (no filters), so there the same rules are checked here first: no absolute or escaping name, no
+    link pointing out of the tree, only files, directories and links; then a plain extraction."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(target, filter="data")
+        return
+    root = target.resolve()
+    for member in tar.getmembers():
+        where = (root / member.name).resolve()
+        if member.name.startswith("/") or not where.is_relative_to(root):
+            raise NodeError(f"the revision's tarball names {member.name!r}, outside its tree", EXIT_REVISION)
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise NodeError(f"the revision's tarball holds a special file {member.name!r}", EXIT_REVISION)
+        if member.issym() or member.islnk():
+            base = where.parent if member.issym() else root
+            if not (base / member.linkname).resolve().is_relative_to(root):
+                raise NodeError(
+                    f"the revision's tarball links {member.name!r} outside its tree", EXIT_REVISION
+                )
+        # No set-id bits or world-writable files from a tarball, as the data filter does.
+        member.mode &= 0o755
+    tar.extractall(target)  # noqa: S202 (every member was checked above)
+
+
 def unpack_revision(data: bytes, root: Path, revision: str) -> Path:
     """Unpack a verified tarball beside the baked revision; the directory (complete once marked)."""
     tree = root / "revisions" / revision
@@ -229,8 +257,7 @@ def unpack_revision(data: bytes, root: Path, revision: str) -> Path:
     archive = partial / "revision.tar.gz"
     archive.write_bytes(data)
     with tarfile.open(archive) as tar:
-        # The "data" filter refuses absolute paths, links out of the tree and device files.
-        tar.extractall(target, filter="data")
+        extract_safely(tar, target)
     archive.unlink()
     (partial / ".gpuforge-revision").write_text(f"{revision}\n")
     shutil.rmtree(tree, ignore_errors=True)
