@@ -71,7 +71,9 @@ def _options(args: Sequence[Any]) -> list[str]:
 
 
 def _scripts(action: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The scripts of a custom action: {Script, Args} or {Sequence: [{Script, Args}, ...]} (3.6.0+)."""
+    """The scripts of a custom action: {Script, Args} or {Sequence: [{Script, Args}, ...]}."""
+    # Both forms: https://docs.aws.amazon.com/parallelcluster/latest/ug/custom-bootstrap-actions-config-v3.html
+    # (Sequence since 3.6.0); aws-parallelcluster 3.16.1 cluster_schema.py OneOrManyCustomActionField.
     action = _mapping(action)
     if "Sequence" in action:
         for i, item in enumerate(action["Sequence"] or []):
@@ -378,7 +380,8 @@ def _roll(args: argparse.Namespace) -> int:
     if args.ami is not None:
         rolled = _roll_ami(args, document, deployed)
     else:
-        rolled = _roll_revision(args, document, deployed or pcluster_config.plain(document))
+        old = deployed if deployed is not None else pcluster_config.plain(document)
+        rolled = _roll_revision(args, document, old)
     source = f"cluster config {args.config}"
     if deployed is not None:
         source += f" against the deployed {args.deployed_config}"
