@@ -73,7 +73,7 @@ demo: setup lab-rootfs
 	  ansible all -m ansible.builtin.ping && \
 	  ansible-playbook tests/fixtures/nvidia/prepare.yml && \
 	  ansible-playbook site.yml
-	@echo "The lab stays up: explore it with the commands in README.md (After make demo); remove it with 'make lab-down'."
+	@echo "The lab stays up: explore it with the commands in docs/lab.md (After make demo); remove it with 'make lab-down'."
 
 # Lint, the pytest groups and the Molecule scenarios run side by side (most of their time is
 # spent waiting on lab hosts), then a table of phase timings; see scripts/ci/testrun.py.

@@ -1,4 +1,4 @@
-"""The README's commands, pasted as they are into a fresh root shell in the checkout.
+"""The lab page's commands (docs/lab.md), pasted as they are into a fresh root shell in the checkout.
 
 The after-demo block runs on a lab of its own (named `demo`, plus GPUFORGE_TEST_LAB_SUFFIX when
 several checkouts share the machine) in `env -i bash -e`: nothing of this test's environment (no
@@ -18,7 +18,7 @@ import pytest
 import labtools
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
+LAB_DOC = (REPO / "docs" / "lab.md").read_text()
 FRESH_ENV = {
     "HOME": os.environ.get("HOME", "/root"),
     "USER": "root",
@@ -30,8 +30,8 @@ FRESH_ENV = {
 
 def block_after(marker: str) -> str:
     """The first ```sh block after the paragraph that starts with marker."""
-    start = README.index(marker)
-    match = re.search(r"```sh\n(.*?)```", README[start:], re.DOTALL)
+    start = LAB_DOC.index(marker)
+    match = re.search(r"```sh\n(.*?)```", LAB_DOC[start:], re.DOTALL)
     assert match is not None, f"no sh block after {marker!r}"
     return match.group(1)
 
