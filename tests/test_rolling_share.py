@@ -96,6 +96,6 @@ def test_site_plays_take_serial_and_max_fail_percentage_from_the_documented_vari
     play = yaml.safe_load((REPO / playbook).read_text())[-1]
     assert play["serial"] == "{{ gpuforge_serial | default('100%') }}"
     assert play["max_fail_percentage"] == "{{ gpuforge_max_fail_percentage | default(100) }}"
-    docs = (REPO / "docs" / "performance.md").read_text()
+    docs = (REPO / "docs" / "reliability.md").read_text()
     for variable in ("gpuforge_serial", "gpuforge_max_fail_percentage", "rolling_update_max_queue_share"):
         assert f"`-e {variable}" in docs or f"`{variable}`" in docs
