@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuforge.ami.packer import MODERN_MIN, MODERN_PLUGINS_FILE, Packer, check_copy_encryption
+from gpuforge.ami.packer import (
+    MODERN_MIN,
+    MODERN_PLUGINS_FILE,
+    Packer,
+    check_copy_encryption,
+    emulated_ec2,
+    require_for_aws,
+)
 from gpuforge.errors import UserError
 
 PACKER_DIR = Path(__file__).resolve().parents[1] / "packer"
@@ -78,3 +85,35 @@ def test_build_checks_the_variables_before_running_packer(tmp_path: Path) -> Non
     with pytest.raises(UserError, match="eu-west-1"):
         packer.build(tmp_path, var_file, tmp_path / "packer.log")
     assert not (tmp_path / "packer.log").exists()
+
+
+AWS = "https://ec2.us-east-1.amazonaws.com"
+
+
+@pytest.mark.parametrize(
+    ("environ", "emulated"),
+    [
+        ({}, False),
+        ({"AWS_ENDPOINT_URL": "http://127.0.0.1:5000"}, True),
+        ({"AWS_ENDPOINT_URL": "http://localhost:5000"}, True),
+        ({"AWS_ENDPOINT_URL": "http://[::1]:5000"}, True),
+        ({"AWS_ENDPOINT_URL": "http://10.0.0.5:5000"}, False),
+        ({"AWS_ENDPOINT_URL": AWS}, False),
+        # The service-specific variable wins, as in boto3.
+        ({"AWS_ENDPOINT_URL": "http://127.0.0.1:5000", "AWS_ENDPOINT_URL_EC2": AWS}, False),
+        ({"AWS_ENDPOINT_URL": AWS, "AWS_ENDPOINT_URL_EC2": "http://127.0.0.2:5000"}, True),
+    ],
+)
+def test_an_emulated_ec2_is_one_on_loopback(environ: dict[str, str], emulated: bool) -> None:
+    assert emulated_ec2(environ) is emulated
+
+
+def test_aws_bakes_need_packer_1_10_unless_ec2_is_emulated(tmp_path: Path) -> None:
+    legacy = _fake_packer(tmp_path, "1.6.6")
+    with pytest.raises(
+        UserError, match=r"packer 1\.6\.6 .*cannot bake on AWS.*build id.*CreateImage.*>= 1\.10\.0"
+    ):
+        require_for_aws(legacy, environ={})
+    require_for_aws(legacy, environ={"AWS_ENDPOINT_URL": "http://127.0.0.1:5000"})
+    (tmp_path / "modern").mkdir()
+    require_for_aws(_fake_packer(tmp_path / "modern", "1.11.2"), environ={})

@@ -9,6 +9,7 @@ raw log, and stages the template directory so Packer 1.6 (no required_plugins) a
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -45,6 +47,10 @@ MODERN_MARKER = "  # gpuforge:modern-packer-settings\n"
 MODERN_MIN = (1, 10, 0)
 LEGACY_MAX = (1, 7, 0)  # exclusive: Packer 1.6 (Debian 12's package) takes the legacy staging
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+# Where boto3 sends EC2 calls when told to (the AWS SDKs' service-specific endpoint first, then the global
+# one: https://docs.aws.amazon.com/sdkref/latest/guide/feature-ss-endpoints.html). The tests and the lab
+# point these at moto on loopback (gpuforge.lab.moto.MotoServer.env); a production bake sets neither.
+EC2_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL")
 # How long Packer gets to clean up (terminate its builder, delete its key pair and security group)
 # after gpuforge interrupts a build, before it is killed.
 CLEANUP_TIMEOUT_S = 600.0
@@ -239,6 +245,50 @@ class Packer:
         if check and result.returncode != 0:
             raise ExternalError(f"packer {args[0]} failed:\n{(result.stdout + result.stderr).strip()}")
         return result
+
+
+def ec2_endpoint(environ: Mapping[str, str] | None = None) -> str:
+    """The EC2 endpoint URL the environment names (EC2_ENDPOINT_VARIABLES), or "" for AWS's own."""
+    env = os.environ if environ is None else environ
+    return next((env[name] for name in EC2_ENDPOINT_VARIABLES if env.get(name)), "")
+
+
+def emulated_ec2(environ: Mapping[str, str] | None = None) -> bool:
+    """True when EC2 calls go to an emulator on this machine (an endpoint on a loopback address)."""
+    host = urllib.parse.urlsplit(ec2_endpoint(environ)).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_for_aws(packer: Packer, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a Packer older than MODERN_MIN for a bake on AWS (not --local).
+
+    The pipeline policy lets Packer modify, copy, tag and clean up only images that carry the bake's
+    gpuforge:build-id, which the amazon plugin puts on the image with CreateImage itself (run_tags,
+    packer-plugin-amazon v1.8.2 builder/ebs/step_create_ami.go:72-88). Packer 1.6 tags the image only at its
+    last step (hashicorp/packer v1.6.6 builder/amazon/ebs/step_create_ami.go:47-51 and StepCreateTags), so on
+    real AWS its ModifyImageAttribute, CopyImage, CreateTags and its cleanup are denied
+    (tests/test_iam_policy.py, PACKER_1_6_DENIED). Against an emulator, which enforces no IAM (moto in the
+    tests), Packer 1.6 stays usable.
+    """
+    if packer.modern:
+        return
+    found = ".".join(map(str, packer.version))
+    if emulated_ec2(environ):
+        LOG.info("packer %s against the EC2 emulator at %s (refused on AWS)", found, ec2_endpoint(environ))
+        return
+    raise UserError(
+        f"packer {found} ({packer.executable}) cannot bake on AWS: the pipeline policy needs the build id "
+        "(gpuforge:build-id) on the image from CreateImage on, and Packer before "
+        f"{'.'.join(map(str, MODERN_MIN))} tags the image only at its last step, so its image calls and its "
+        f"cleanup are denied. Install Packer >= {'.'.join(map(str, MODERN_MIN))} (set GPUFORGE_PACKER to "
+        "its path); Packer 1.6 serves only `gpuforge bake --local` and an EC2 emulator on loopback "
+        f"({' or '.join(EC2_ENDPOINT_VARIABLES)})"
+    )
 
 
 def stage_templates(source: Path, staged: Path, modern: bool) -> Path:
