@@ -748,3 +748,113 @@ def test_rebuild_if_stale_retries_a_candidate_whose_canary_failed(
     assert cli.main(_rebuild_argv(tmp_path)) == 0
     assert len(_builds(fake_packer)) == 2
     assert publish.read_parameter(CANDIDATE) not in (None, first)
+
+
+# --- issue 28 follow-ups: Packer >= 1.10 on AWS, the bake volume, the builder profile, copy keys ----------
+
+
+@pytest.mark.parametrize(
+    "endpoints",
+    [
+        {},  # AWS itself
+        # AWS_ENDPOINT_URL_EC2 (what boto3 uses for EC2) decides, not the global endpoint on moto.
+        {"AWS_ENDPOINT_URL_EC2": "https://ec2.us-east-1.amazonaws.com"},
+    ],
+    ids=["aws", "ec2-endpoint-off-loopback"],
+)
+def test_bake_on_aws_refuses_packer_1_6_before_launching(
+    dlami_base: str,
+    fake_packer: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    endpoints: dict[str, str],
+) -> None:
+    """Packer 1.6.6 tags the image only at its last step, which the tag-scoped policy denies on real AWS.
+
+    The base is resolved on moto first (a stand-in for resolve_base), so that nothing after it can reach
+    AWS: the refusal comes before Packer runs or anything is launched.
+    """
+    base = images.describe(dlami_base)
+    monkeypatch.setattr(bake, "resolve_base", lambda options: base)
+    if not endpoints:
+        for name in ("AWS_ENDPOINT_URL", "AWS_URL"):
+            monkeypatch.delenv(name, raising=False)
+    for name, value in endpoints.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(
+        UserError, match=r"packer 1\.6\.6 .* cannot bake on AWS: .*gpuforge:build-id.*CreateImage"
+    ):
+        bake.bake_aws(_options(tmp_path))
+    assert _builds(fake_packer) == []
+
+
+def test_bake_defaults_the_builder_profile_and_the_base_volume_size(baked: Baked) -> None:
+    """The template's Session Manager access needs the profile pipeline-role creates; 0 keeps the base's
+    root snapshot size, so the image demands no bigger root volume than the base does."""
+    assert baked.variables["iam_instance_profile"] == "gpuforge-builder-us-east-1"
+    assert baked.variables["root_volume_size_gib"] == 0
+    assert "region_kms_key_ids" not in baked.variables
+
+
+def test_bake_refuses_a_volume_smaller_than_the_base_snapshot_before_launching(
+    dlami_base: str, fake_packer: Path, tmp_path: Path
+) -> None:
+    snapshot = images.describe(dlami_base).root_volume_gib
+    assert snapshot is not None and snapshot > bake.ROOT_VOLUME_GIB[0]
+    with pytest.raises(
+        UserError, match=rf"smaller than the root snapshot of the base image .*\({snapshot} GiB\)"
+    ):
+        bake.bake_aws(_options(tmp_path, root_volume_size_gib=snapshot - 1))
+    assert _builds(fake_packer) == []
+    assert _gpuforge_images() == []
+    assert bake.image_root_volume_gib(_options(tmp_path)) == snapshot
+    assert bake.image_root_volume_gib(_options(tmp_path, root_volume_size_gib=snapshot + 5)) == snapshot + 5
+
+
+def test_bake_cli_takes_a_key_per_copy_region_and_the_profile(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_PACKER_VERSION", "1.11.2")
+    argv = ["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w"), "--no-publish"]
+    key = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    copies = ["--kms-key-id", "alias/gpuforge", "--copy-region", "eu-west-1"]
+    # A copy region without its key: refused before Packer runs (the copy would get eu-west-1's default key).
+    assert cli.main([*argv, *copies]) == 2
+    assert _builds(fake_packer) == []
+    # A key for a region that is not copied to.
+    assert cli.main([*argv, *copies, "--copy-region-kms-key", "us-west-2=" + key]) == 2
+    assert _builds(fake_packer) == []
+    assert (
+        cli.main([*argv, *copies, "--copy-region-kms-key", f"eu-west-1={key}", "--iam-instance-profile", "p"])
+        == 0
+    )
+    (build,) = _builds(fake_packer)
+    var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
+    written = json.loads(var_file.read_text())
+    assert written["region_kms_key_ids"] == {"eu-west-1": key}
+    assert written["iam_instance_profile"] == "p"
+
+
+def test_bake_checks_cluster_configs_against_the_base_snapshot_size_by_default(
+    aws: MotoServer, fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the default size 0 the image keeps the base's root snapshot size: a queue's RootVolume.Size of
+    that size is accepted (the old 100 GiB bake volume refused it), one below it is refused before baking
+    (ParallelCluster would refuse it at create/update time)."""
+    base = _register_base("aws-parallelcluster-3.16.1-ubuntu-2204-lts-hvm-x86_64-202611010000")
+    snapshot = images.describe(base).root_volume_gib
+    assert snapshot is not None and snapshot > 1
+    small = _cluster_config()
+    small["Scheduling"]["SlurmQueues"][0]["ComputeSettings"] = {
+        "LocalStorage": {"RootVolume": {"Size": snapshot - 1}}
+    }
+    config = tmp_path / "cluster.yaml"
+    config.write_text(json.dumps(small))
+    argv = ["bake", "--flavor", "pcluster", "--base-owner", "self", "--work-dir", str(tmp_path / "w")]
+    assert cli.main([*argv, "--parameter", "/gpuforge/test/ami", "--cluster-config", str(config)]) == 2
+    assert f"Root volume size {snapshot - 1} GiB" in capsys.readouterr().err
+    assert _builds(fake_packer) == []
+    small["Scheduling"]["SlurmQueues"][0]["ComputeSettings"]["LocalStorage"]["RootVolume"]["Size"] = snapshot
+    config.write_text(json.dumps(small))
+    assert cli.main([*argv, "--parameter", "/gpuforge/test/ami", "--cluster-config", str(config)]) == 0
+    assert len(_builds(fake_packer)) == 1

@@ -59,8 +59,11 @@ CASES = [
         "negative-spare-nodes", ("preflight", "--cluster-name", "x", "--spare-nodes", "-1"), r"--spare-nodes"
     ),
     Case("prune-keep-zero", ("prune", "--keep", "0"), r"--keep: 0 must be at least 1"),
+    # 0 is the default (the base AMI's root snapshot size); a negative size is not a size.
     Case(
-        "bake-volume-zero", ("bake", "--root-volume-size", "0"), r"--root-volume-size: 0 must be at least 1"
+        "bake-volume-negative",
+        ("bake", "--root-volume-size", "-5"),
+        r"--root-volume-size: -5 must be 0 \(the base AMI's root snapshot size\) or more",
     ),
     Case(
         "bake-missing-extra-vars",

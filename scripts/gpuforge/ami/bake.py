@@ -18,14 +18,22 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuforge import aws, node_manifest, paths, targets, versions
-from gpuforge.ami import images, inputs
+from gpuforge.ami import iam, images, inputs
 from gpuforge.ami import manifest as packer_manifest
-from gpuforge.ami.packer import MachineLine, Packer, Progress, launched_instance, template_dir, write_var_file
+from gpuforge.ami.packer import (
+    MachineLine,
+    Packer,
+    Progress,
+    launched_instance,
+    require_for_aws,
+    template_dir,
+    write_var_file,
+)
 from gpuforge.errors import ExternalError, UserError
 
 LOG = logging.getLogger(__name__)
@@ -35,6 +43,8 @@ LAB_SOURCE = "null.lab"
 # Value of the parallelcluster:os tag, which ParallelCluster compares with the cluster's Image.Os.
 PCLUSTER_OSES = images.IMAGE_OSES
 PCLUSTER_OS = PCLUSTER_OSES["ubuntu22.04"]
+# 0 or these GiB: packer/variables.pkr.hcl's validation of root_volume_size_gib.
+ROOT_VOLUME_GIB = (8, 16384)
 
 
 def installed_pcluster_version() -> str:
@@ -92,9 +102,16 @@ class BakeOptions:
     base_owner: str = images.AMAZON_OWNER
     pcluster_version: str | None = None
     subnet_id: str = ""
-    iam_instance_profile: str = ""
+    # None: the builder profile `gpuforge pipeline-role` creates (gpuforge-builder-<region>), which the
+    # template's Session Manager access needs; "" launches the builder without one.
+    iam_instance_profile: str | None = None
     kms_key_id: str = ""
-    root_volume_size_gib: int = 100
+    # 0: the base AMI's own root snapshot size (the template leaves volume_size unset), which keeps every
+    # node's minimum root volume as small as the base allows.
+    root_volume_size_gib: int = 0
+    # Copy region -> the customer key of that region for its copy (the template's region_kms_key_ids);
+    # empty leaves the variable to PKR_VAR_region_kms_key_ids.
+    copy_region_kms_keys: dict[str, str] = field(default_factory=dict)
     extra_vars_file: Path | None = None
     work_dir: Path | None = None
     # The instance types the image is for (None: the flavor's default, targets.DEFAULT_TARGETS).
@@ -112,12 +129,32 @@ class BakeOptions:
             raise UserError(
                 f"--copy-region must name distinct regions other than the build region {self.the_region}"
             )
+        # The template's own bounds (packer/variables.pkr.hcl, root_volume_size_gib's validation).
+        if (
+            self.root_volume_size_gib != 0
+            and not ROOT_VOLUME_GIB[0] <= self.root_volume_size_gib <= ROOT_VOLUME_GIB[1]
+        ):
+            raise UserError(
+                f"--root-volume-size {self.root_volume_size_gib}: use 0 (the base AMI's root snapshot size) "
+                f"or {ROOT_VOLUME_GIB[0]} to {ROOT_VOLUME_GIB[1]} GiB"
+            )
+        stray = sorted(set(self.copy_region_kms_keys) - set(self.ami_regions))
+        if stray:
+            raise UserError(
+                f"--copy-region-kms-key names {', '.join(stray)}, which is not a --copy-region of this bake"
+            )
         if self.extra_vars_file is not None and not self.extra_vars_file.is_file():
             raise UserError(f"extra vars file {self.extra_vars_file} does not exist")
 
     @property
     def the_region(self) -> str:
         return self.region or aws.region()
+
+    @property
+    def the_iam_instance_profile(self) -> str:
+        if self.iam_instance_profile is None:
+            return iam.builder_profile(self.the_region)
+        return self.iam_instance_profile
 
     @property
     def the_pcluster_version(self) -> str:
@@ -172,6 +209,26 @@ def resolve_base(options: BakeOptions) -> images.Image:
         owner=options.base_owner,
         base_os=options.base_os,
     )
+
+
+def image_root_volume_gib(options: BakeOptions, base: images.Image | None = None) -> int | None:
+    """The root volume the image will have, and so every node's minimum RootVolume.Size: the size given,
+    else the base image's root snapshot (None when EC2 does not say)."""
+    if options.root_volume_size_gib:
+        return options.root_volume_size_gib
+    return (base or resolve_base(options)).root_volume_gib
+
+
+def check_root_volume(options: BakeOptions, base: images.Image) -> None:
+    """Refuse, before launching, a bake volume smaller than the base image's root snapshot: EC2 refuses it at
+    RunInstances (EbsBlockDevice.VolumeSize "equal to or larger than the snapshot size", Amazon EC2 API
+    Reference, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html)."""
+    size, snapshot = options.root_volume_size_gib, base.root_volume_gib
+    if size and snapshot is not None and size < snapshot:
+        raise UserError(
+            f"--root-volume-size {size} GiB is smaller than the root snapshot of the base image {base.id} "
+            f"({snapshot} GiB), which EC2 refuses at launch: give at least {snapshot}, or 0 (the base's size)"
+        )
 
 
 def _tags(
@@ -245,6 +302,7 @@ def _run_packer(
     variables: dict[str, Any],
     only: str,
     watch: Callable[[MachineLine], None] | None = None,
+    packer: Packer | None = None,
 ) -> list[packer_manifest.Artifact]:
     """Run the build; watch (if given) sees every machine-readable line, and may raise to stop Packer."""
     # Packer's ansible provisioner runs the playbooks; Ansible is an extra of the wheel.
@@ -252,7 +310,7 @@ def _run_packer(
     path = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
     if shutil.which("ansible-playbook", path=path) is None:
         raise UserError("a bake runs Ansible, which is not installed: pip install 'gpuforge[ansible]'")
-    packer = Packer.find()
+    packer = packer or Packer.find()
     staged = packer.stage(template_dir(), run.directory)
     var_file = write_var_file(run.directory / "variables.json", variables)
     progress = Progress()
@@ -318,6 +376,10 @@ def bake_aws(options: BakeOptions) -> images.Image:
     manifest = versions.load()
     image_targets = options.resolve_targets(manifest)
     base = resolve_base(options)
+    check_root_volume(options, base)
+    # Before anything is launched: a Packer the pipeline policy would stop halfway is refused here.
+    packer = Packer.find()
+    require_for_aws(packer)
     tags = _tags(options, manifest, image_targets)
     run = Run.new(options.work_dir)
     variables = {
@@ -326,14 +388,16 @@ def bake_aws(options: BakeOptions) -> images.Image:
         "source_ami": base.id,
         "instance_type": options.instance_type,
         "subnet_id": options.subnet_id,
-        "iam_instance_profile": options.iam_instance_profile,
+        "iam_instance_profile": options.the_iam_instance_profile,
         "kms_key_id": options.kms_key_id,
         "root_volume_size_gib": options.root_volume_size_gib,
         "ami_regions": list(options.ami_regions),
     }
+    if options.copy_region_kms_keys:
+        variables["region_kms_key_ids"] = dict(options.copy_region_kms_keys)
     builder_imds = BuilderImds(AWS_SOURCE, region)
     try:
-        artifacts = _run_packer(run, variables, AWS_SOURCE, watch=builder_imds)
+        artifacts = _run_packer(run, variables, AWS_SOURCE, watch=builder_imds, packer=packer)
         builder_imds.check()
         ami_id = packer_manifest.image_in(artifacts, region)
         images.wait_available(ami_id, region)

@@ -78,6 +78,25 @@ def _add_publish(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _volume_gib(text: str) -> int:
+    """--root-volume-size: a whole number of GiB, 0 meaning the base AMI's root snapshot size."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 (the base AMI's root snapshot size) or more")
+    return value
+
+
+def _region_key(text: str) -> tuple[str, str]:
+    """--copy-region-kms-key REGION=KEY."""
+    region, sep, key = text.partition("=")
+    if not sep or not region.strip() or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not REGION=KEY")
+    return region.strip(), key.strip()
+
+
 def _add_bake(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
     _add_publish(parser)
@@ -113,11 +132,22 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
         "--pcluster-version", help="ParallelCluster release (default: the installed aws-parallelcluster)"
     )
     parser.add_argument("--subnet-id", default="", help="subnet for the builder (default VPC when empty)")
-    parser.add_argument("--iam-instance-profile", default="", help="instance profile for the builder")
+    parser.add_argument(
+        "--iam-instance-profile",
+        help="instance profile for the builder (default gpuforge-builder-REGION, which `gpuforge "
+        "pipeline-role` creates and Session Manager access needs; '' for none)",
+    )
     parser.add_argument(
         "--kms-key-id", default="", help="KMS key for the encrypted volumes (default: aws/ebs)"
     )
-    parser.add_argument("--root-volume-size", type=positive_int, default=100, metavar="GIB")
+    parser.add_argument(
+        "--root-volume-size",
+        type=_volume_gib,
+        default=0,
+        metavar="GIB",
+        help="root volume of the bake, and so every node's minimum root volume (default 0: the base AMI's "
+        "root snapshot size; a smaller size than that is refused before launching)",
+    )
     parser.add_argument(
         "--copy-region",
         type=nonempty,
@@ -125,6 +155,15 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="REGION",
         help="also copy the image to REGION (Packer's ami_regions), tagged like the original; repeatable",
+    )
+    parser.add_argument(
+        "--copy-region-kms-key",
+        type=_region_key,
+        action="append",
+        default=[],
+        metavar="REGION=KEY",
+        help="with --kms-key-id: the customer key (of REGION) for the copy in REGION (the template's "
+        "region_kms_key_ids); every --copy-region needs one; repeatable",
     )
     parser.add_argument(
         "--extra-vars", type=Path, metavar="FILE", help="YAML/JSON vars for ansible-playbook -e @FILE"
@@ -241,6 +280,7 @@ def _options(args: argparse.Namespace) -> bake.BakeOptions:
         work_dir=args.work_dir,
         target_instance_types=args.target_instance_types,
         ami_regions=tuple(args.copy_region),
+        copy_region_kms_keys=dict(args.copy_region_kms_key),
     )
 
 
@@ -290,7 +330,9 @@ def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> in
     )
     if not args.no_publish:
         # What the image will be: its OS, and its root volume (every node's minimum RootVolume.Size).
-        facts = AmiFacts(images.IMAGE_OSES[options.base_os], options.root_volume_size_gib)
+        # 0 bakes at the base's own root snapshot size, read from the base image when a config needs it.
+        root = bake.image_root_volume_gib(options) if args.cluster_config else None
+        facts = AmiFacts(images.IMAGE_OSES[options.base_os], root)
         publish.check_configs(
             args.cluster_config, _config_change(args), options.region, options.flavor, args.force, facts
         )

@@ -19,11 +19,19 @@ DEFAULT_ENVIRONMENT = "ami-builder"
 # Bakes take up to the workflow's 180 minutes; the role's session must outlive them.
 SESSION_SECONDS = 4 * 3600
 _OIDC_PROVIDER = f"arn:aws:iam::${{AWS::AccountId}}:oidc-provider/{GITHUB_OIDC_HOST}"
+# The builder's instance profile and role share this name plus the region (`gpuforge bake`'s default
+# --iam-instance-profile); the pipeline policy passes only gpuforge-builder* roles.
+BUILDER_PROFILE_PREFIX = "gpuforge-builder"
 # The canary nodes' profile and role (one name, like the builder's) and where their results go: the
 # canary policy passes only gpuforge-canary* roles; canary.Request.results_prefix defaults to the prefix.
 CANARY_PROFILE_PREFIX = "gpuforge-canary"
 CANARY_RESULTS_PREFIX = "gpuforge-canary"
 _REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
+
+
+def builder_profile(region: str) -> str:
+    """The builder's instance profile that `gpuforge pipeline-role`'s template creates in region."""
+    return f"{BUILDER_PROFILE_PREFIX}-{region}"
 
 
 def policy_document() -> dict[str, Any]:
@@ -76,7 +84,7 @@ def cloudformation_template(
         "BuilderRole": {
             "Type": "AWS::IAM::Role",
             "Properties": {
-                "RoleName": {"Fn::Sub": "gpuforge-builder-${AWS::Region}"},
+                "RoleName": {"Fn::Sub": f"{BUILDER_PROFILE_PREFIX}-${{AWS::Region}}"},
                 "AssumeRolePolicyDocument": _trust({"Service": "ec2.amazonaws.com"}, "sts:AssumeRole"),
                 "ManagedPolicyArns": [
                     {"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/AmazonSSMManagedInstanceCore"}
@@ -86,7 +94,7 @@ def cloudformation_template(
         "BuilderInstanceProfile": {
             "Type": "AWS::IAM::InstanceProfile",
             "Properties": {
-                "InstanceProfileName": {"Fn::Sub": "gpuforge-builder-${AWS::Region}"},
+                "InstanceProfileName": {"Fn::Sub": f"{BUILDER_PROFILE_PREFIX}-${{AWS::Region}}"},
                 "Roles": [{"Ref": "BuilderRole"}],
             },
         },
