@@ -337,6 +337,10 @@ def main() -> int:
     parser.add_argument(
         "--ssm-max-concurrency", type=int, default=100, help="the model's SSM MaxConcurrency (100)"
     )
+    parser.add_argument(
+        "--image",
+        help="an existing golden lab image (baked for the lab's instance types) to boot, not baking one",
+    )
     args = parser.parse_args()
     if args.nodes < 2:
         parser.error("--nodes must be at least 2 (a head node and a compute node)")
@@ -347,12 +351,13 @@ def main() -> int:
         f"gpuforge {rev.strip()}, {args.nodes} golden hosts per path; load before: {load_average()}",
         flush=True,
     )
-    image = f"nlgolden-{os.getpid()}"
+    image = args.image or f"nlgolden-{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix="gpuforge-bench-nodelocal-") as tmp_dir:
         tmp = Path(tmp_dir)
         try:
-            bake = labrun.bake_image(image, tmp, lab_name="nlbake")
-            print(f"  golden image {image} baked in {bake:.1f} s (not in the figures)", flush=True)
+            if not args.image:
+                bake = labrun.bake_image(image, tmp, lab_name="nlbake")
+                print(f"  golden image {image} baked in {bake:.1f} s (not in the figures)", flush=True)
             ssh = ssh_path(args.nodes, image)
             print(f"  ssh: {ssh}", flush=True)
             local = nodelocal_path(args.nodes, image)
@@ -360,7 +365,8 @@ def main() -> int:
             boot = boot_path(image, tmp)
             print(f"  boot: {boot}", flush=True)
         finally:
-            labrun.gpuforge("lab", "image", "rm", image)
+            if not args.image:
+                labrun.gpuforge("lab", "image", "rm", image)
     print(f"\nload after: {load_average()}\n")
     print(report(args, ssh, local, boot))
     return 0 if ssh.ok and local.ok and boot.ok else 1
