@@ -165,11 +165,14 @@ class ControllerCgroup:
         cgroup.remove(self.dirs)
 
 
-def ssh_path(nodes: int, image: str) -> PathResult:
+def ssh_path(nodes: int, image: str, work: Path) -> PathResult:
     lab = labrun.up("nlssh", nodes, image=image)
     ctl = ControllerCgroup("nlssh-ctl")
     try:
-        env = {**os.environ, **lab.env()}
+        # This project's ansible.cfg (forks 25, pipelining, ControlPersist) with an empty fact cache of
+        # its own, as bench/fleet.py's "project" configuration.
+        env = {**os.environ, **lab.env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+        env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(work / "facts")
         run_timed([str(BIN / "ansible-inventory"), "--list", "--flush-cache"], env=env, cwd=REPO)
         hosts = nodes_of(lab.name)
         prepare(hosts, with_action=False)
@@ -358,7 +361,7 @@ def main() -> int:
             if not args.image:
                 bake = labrun.bake_image(image, tmp, lab_name="nlbake")
                 print(f"  golden image {image} baked in {bake:.1f} s (not in the figures)", flush=True)
-            ssh = ssh_path(args.nodes, image)
+            ssh = ssh_path(args.nodes, image, tmp)
             print(f"  ssh: {ssh}", flush=True)
             local = nodelocal_path(args.nodes, image)
             print(f"  node-local: {local}", flush=True)
