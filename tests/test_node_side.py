@@ -519,6 +519,87 @@ def test_entry_point_runs_on_every_base_python(version: str, tmp_path: Path) -> 
     assert not (tmp_path.parent / "escape").exists()
 
 
+# The collection of the bake's revision (tasks/collection.yml), run against this host in a temporary root.
+
+
+def _collection_play(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A copy of the collection (galaxy.yml, README, this role) under tmp_path, a play running the role's
+    collection.yml against localhost into tmp_path/root, and ansible-playbook's environment (a PATH
+    without this venv: the controller's ansible-galaxy is found beside its Python)."""
+    tree = tmp_path / "src"
+    shutil.copytree(ROLE, tree / "roles/gpuforge_node")
+    for name in ("galaxy.yml", "README.md"):
+        shutil.copy(REPO / name, tree / name)
+    (tmp_path / "collections/ansible_collections/gpuforge").mkdir(parents=True)
+    (tmp_path / "collections/ansible_collections/gpuforge/gpu").symlink_to(tree)
+    play = tmp_path / "play.yml"
+    play.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "ansible.builtin.import_role": {
+                                "name": "gpuforge.gpu.gpuforge_node",
+                                "tasks_from": "collection.yml",
+                            },
+                            "vars": {
+                                "gpuforge_node_root": str(tmp_path / "root"),
+                                "gpuforge_node_build_dir": str(tmp_path / "build"),
+                            },
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    (tmp_path / "ansible.cfg").write_text("[defaults]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(
+        {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg"),
+            "ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections"),
+            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+        }
+    )
+    return tree, play, env
+
+
+def _run_collection(play: Path, env: dict[str, str]) -> tuple[str, dict[str, int]]:
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", str(play)],
+        capture_output=True, text=True, env=env, check=False, timeout=300, cwd=play.parent,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    counts = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)", run.stdout)
+    assert counts
+    current = (play.parent / "root/current").readlink().name
+    return current, {"ok": int(counts[1]), "changed": int(counts[2])}
+
+
+def test_the_revision_names_what_a_node_runs_and_a_rerun_changes_nothing(tmp_path: Path) -> None:
+    """The baked revision is unpacked once; a rerun of the same tree changes nothing; an edit to a
+    Markdown file alone (CHANGELOG, a README: nothing a node runs) keeps the revision, so a golden image
+    stays current across them; an edit to a role makes a new revision beside the old one."""
+    tree, play, env = _collection_play(tmp_path)
+    first, counts = _run_collection(play, env)
+    assert re.fullmatch(r"c[0-9a-f]{16}", first) and counts["changed"] > 0
+    unpacked = tmp_path / "root/revisions" / first / "ansible_collections/gpuforge/gpu"
+    assert (unpacked / "roles/gpuforge_node/tasks/collection.yml").is_file()
+    assert _run_collection(play, env) == (first, {"ok": counts["ok"] - 3, "changed": 0})
+    (tree / "README.md").write_text("edited\n")
+    assert _run_collection(play, env)[1]["changed"] == 0
+    with (tree / "roles/gpuforge_node/defaults/main.yml").open("a") as defaults:
+        defaults.write("# edited\n")
+    second, counts = _run_collection(play, env)
+    assert second != first and counts["changed"] > 0
+    assert sorted(p.name for p in (tmp_path / "root/revisions").iterdir()) == sorted([first, second])
+
+
 # scripts/pcluster/on_node_configured.sh
 
 
