@@ -519,6 +519,29 @@ def test_entry_point_runs_on_every_base_python(version: str, tmp_path: Path) -> 
     assert not (tmp_path.parent / "escape").exists()
 
 
+# The configure phase under the node runtime's ansible-core 2.17 (the lab test runs it whole).
+
+
+def test_a_filter_in_a_skipped_loop_raises_an_undefined_error_ansible_defers() -> None:
+    """ansible-core templates a task's loop before its `when`; 2.17 defers only an undefined-variable
+    error to after the `when`. The slurm role's services loop (units_to_start over a skipped
+    `systemctl show`) on a ParallelCluster node must therefore raise that, not a filter error, or
+    gpuforge-node fails where the SSH path (2.19) skips."""
+    import importlib.util
+
+    from ansible.errors import AnsibleFilterError, AnsibleUndefinedVariable  # type: ignore[import-untyped]
+    from jinja2 import Undefined
+
+    spec = importlib.util.spec_from_file_location("systemd_units", REPO / "plugins/filter/systemd_units.py")
+    assert spec and spec.loader
+    units = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(units)
+    with pytest.raises(AnsibleUndefinedVariable, match="systemctl show result is undefined"):
+        units.units_to_start(Undefined(name="stdout"))
+    with pytest.raises(AnsibleFilterError, match="a string"):
+        units.units_to_start(["not", "a", "string"])
+
+
 # The collection of the bake's revision (tasks/collection.yml), run against this host in a temporary root.
 
 

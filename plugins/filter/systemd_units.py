@@ -13,12 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.errors import AnsibleFilterError
+from ansible.errors import AnsibleFilterError, AnsibleUndefinedVariable
+from jinja2 import Undefined
 
 
 def units_to_start(shown: Any) -> list[str]:
     """Ids of the units in `systemctl show` output (blocks split by blank lines) that are not both
     active and enabled: not found, inactive, failed, activating, disabled, masked, static..."""
+    if isinstance(shown, Undefined):
+        # A loop is templated before the task's `when`. ansible-core 2.19 never hands a filter an
+        # undefined value (it raises the undefined error itself); 2.17 (the node runtime,
+        # roles/gpuforge_node) does, and defers only an undefined error until `when` is known. So:
+        # an undefined error here, and a task skipped by its `when` (the `systemctl show` task it
+        # reads was skipped too) stays skipped instead of failing.
+        raise AnsibleUndefinedVariable("units_to_start: the systemctl show result is undefined")
     if not isinstance(shown, str):
         raise AnsibleFilterError("units_to_start: the stdout of systemctl show, a string")
     units: list[str] = []
