@@ -325,6 +325,30 @@ def test_the_custom_action_args_win_and_tags_may_be_absent(node: ModuleType, imd
         node.gather(apply_args(node), node.Imds(imds))
 
 
+def test_a_run_without_args_uses_the_part_the_custom_action_recorded(
+    node: ModuleType, imds: str, tmp_path: Path
+) -> None:
+    """ParallelCluster leaves instance tags out of metadata (its launch templates set HttpTokens only), so
+    the SSM document's `gpuforge-node apply`, which has no Args, finds the part the boot run recorded."""
+    _Imds.data = {"meta-data/instance-type": "p5.48xlarge"}
+    boot = node.gather(
+        apply_args(node, "--node-type", "Compute", "--queue", "gpu", "--cluster", "train"), node.Imds(imds)
+    )
+    node.record_facts(tmp_path, boot)
+    later = node.gather(apply_args(node), node.Imds(imds), node.recorded_facts(tmp_path))
+    assert (later.node_type, later.queue, later.cluster) == ("Compute", "gpu", "train")
+    # What the inventory gives the node is the same as at boot.
+    assert node.inventory(later) == node.inventory(boot)
+    # Args still win over the record; a head node never takes a recorded queue.
+    head = node.gather(
+        apply_args(node, "--node-type", "HeadNode"), node.Imds(imds), node.recorded_facts(tmp_path)
+    )
+    assert (head.node_type, head.queue) == ("HeadNode", None)
+    (tmp_path / node.RECORD).write_text("[1]")
+    with pytest.raises(node.NodeError, match="is not a JSON object"):
+        node.recorded_facts(tmp_path)
+
+
 def test_no_imds_and_no_instance_type_is_refused(node: ModuleType) -> None:
     unreachable = node.Imds("http://127.0.0.1:9", timeout=0.5)
     with pytest.raises(

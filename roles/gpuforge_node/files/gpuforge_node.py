@@ -72,6 +72,13 @@ TAG_FIELDS = {
     "parallelcluster:compute-resource-name": "compute_resource",
     "gpuforge:lab": "lab",
 }
+# ParallelCluster 3.16.1 gives its launch templates MetadataOptions with HttpTokens only
+# (pcluster/templates/queues_stack.py and cluster_stack.py, the LaunchTemplate's MetadataOptionsProperty),
+# so InstanceMetadataTags keeps EC2's default, disabled: on a real cluster node the tags above are 404.
+# The node's part therefore comes from the custom action's Args at boot, and is recorded here so a later
+# run with no Args (the SSM document's `gpuforge-node apply`) knows it too.
+RECORD = "node-facts.json"
+RECORDED_FIELDS = ("node_type", "queue", "cluster")
 
 
 class NodeError(Exception):
@@ -89,6 +96,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Configure this node from its image, offline.")
     p.add_argument("--root", type=Path, default=Path("/opt/gpuforge/node"), help=argparse.SUPPRESS)
     p.add_argument("--log-dir", type=Path, default=Path("/var/log/gpuforge"), help=argparse.SUPPRESS)
+    p.add_argument("--state-dir", type=Path, default=Path("/var/lib/gpuforge/node"), help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     apply = sub.add_parser("apply", help="run the configure phase on this node (connection local)")
     apply.add_argument("--node-type", choices=NODE_TYPES, help="this node's part (else its IMDS tag)")
@@ -356,22 +364,51 @@ class Imds:
         return self._open(got)
 
 
-def gather(args: argparse.Namespace, imds: Imds) -> Facts:
-    """This node's facts: the arguments first, then IMDS; NodeError where one the roles need is unknown."""
+def recorded_facts(state: Path) -> dict[str, str]:
+    """The node's part as an earlier run's custom action Args gave it ({} when none was recorded)."""
+    try:
+        data = json.loads((state / RECORD).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise NodeError(f"{state / RECORD} cannot be read ({exc}): remove it and pass --node-type") from exc
+    if not isinstance(data, dict):
+        raise NodeError(f"{state / RECORD} is not a JSON object: remove it and pass --node-type")
+    return {k: str(v) for k, v in data.items() if k in RECORDED_FIELDS and isinstance(v, str) and v}
+
+
+def record_facts(state: Path, facts: Facts) -> None:
+    """Keep the node's part for later runs without Args; rewritten only when it changed."""
+    values = {k: getattr(facts, k) for k in RECORDED_FIELDS}
+    wanted = {k: v for k, v in values.items() if v}
+    if recorded_facts(state) == wanted:
+        return
+    state.mkdir(parents=True, exist_ok=True)
+    partial = state / f".{RECORD}.partial"
+    partial.write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
+    partial.rename(state / RECORD)
+
+
+def gather(args: argparse.Namespace, imds: Imds, recorded: dict[str, str] | None = None) -> Facts:
+    """This node's facts: the arguments first, then IMDS, then what an earlier run's Args recorded;
+    NodeError where one the roles need is unknown."""
     facts = Facts()
+    recorded = recorded or {}
     tags = {field_: imds.get(f"meta-data/tags/instance/{key}") for key, field_ in TAG_FIELDS.items()}
     facts.instance_type = args.instance_type or imds.get("meta-data/instance-type") or ""
     facts.region = imds.get("meta-data/placement/region")
     facts.az = imds.get("meta-data/placement/availability-zone")
-    facts.node_type = args.node_type or tags["node_type"] or ""
-    facts.cluster = args.cluster or tags["cluster"]
-    facts.queue = args.queue or tags["queue"]
+    facts.node_type = args.node_type or tags["node_type"] or recorded.get("node_type") or ""
+    facts.cluster = args.cluster or tags["cluster"] or recorded.get("cluster")
+    facts.queue = (
+        args.queue or tags["queue"] or (recorded.get("queue") if facts.node_type == "Compute" else None)
+    )
     facts.compute_resource = tags["compute_resource"]
     facts.lab = tags["lab"] is not None
     if facts.node_type not in NODE_TYPES:
         raise NodeError(
             "this node's type is unknown: pass --node-type HeadNode or Compute in the custom action's Args "
-            "(or allow instance tags in metadata)"
+            "(a run with them records it for later runs) or allow instance tags in metadata"
         )
     if not facts.instance_type:
         where = "IMDS gave none" if imds.reachable else f"IMDS ({imds.endpoint}) is unreachable"
@@ -531,9 +568,10 @@ def run_playbook(command: list[str], env: dict[str, str], cwd: Path, log: Log) -
 
 def apply(args: argparse.Namespace, log: Log) -> int:
     started = time.monotonic()
-    facts = gather(args, Imds())
+    state: Path = args.state_dir
+    facts = gather(args, Imds(), recorded_facts(state))
+    record_facts(state, facts)
     revision, tree = choose_tree(args, facts, log.note)
-    state = Path("/var/lib/gpuforge/node")
     (state / "tmp").mkdir(parents=True, exist_ok=True)
     inventory_file = state / "inventory.json"
     inventory_file.write_text(json.dumps(inventory(facts), indent=1, sort_keys=True) + "\n")
