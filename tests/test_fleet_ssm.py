@@ -26,6 +26,7 @@ from botocore.stub import Stubber
 
 import ssmdouble
 from gpuforge import cli as gpuforge_cli
+from gpuforge import noderev
 from gpuforge.errors import UserError
 from gpuforge.fleet import cli as fleet_cli
 from gpuforge.fleet import document, ssm
@@ -33,6 +34,7 @@ from gpuforge.lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SHA = "ab" * 32
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CID = "0c7f5f4e-1d0e-4d8e-9a53-0123456789ab"
 
 
@@ -64,7 +66,9 @@ def test_no_parameter_admits_a_quote_dollar_or_backslash(bad: str) -> None:
 
 
 def test_rendering_replaces_every_placeholder_with_a_declared_parameter() -> None:
-    script = document.render(_doc(), {"Reason": "test reason", "Revision": "abc123", "Sha256": SHA})
+    script = document.render(
+        _doc(), {"Reason": "test reason", "Revision": COMMIT, "Sha256": SHA, "RevisionBucket": "revs"}
+    )
     assert "{{" not in script and "}}" not in script
     assert "REASON='test reason'" in script and f"SHA256='{SHA}'" in script
     assert "ENTRY='/usr/local/sbin/gpuforge-node'" in script
@@ -250,16 +254,37 @@ def test_no_entry_point_or_no_slurm_node_changes_nothing(tmp_path: Path) -> None
 
 def test_the_head_node_and_a_revision_run_the_entry_point_without_draining(tmp_path: Path) -> None:
     node = FakeNode(tmp_path)
-    run = node.run(DrainNode="false", Revision="0123abc", Sha256=SHA)
+    run = node.run(DrainNode="false", Revision=COMMIT, Sha256=SHA, RevisionBucket="gpuforge-revs")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert node.slurm_calls() == [f"entry apply --revision 0123abc --sha256 {SHA}"]
+    where = "--bucket gpuforge-revs --prefix gpuforge/revisions/"
+    assert node.slurm_calls() == [f"entry apply --revision {COMMIT} --sha256 {SHA} {where}"]
+
+
+def test_the_entry_point_accepts_the_arguments_the_document_passes(tmp_path: Path) -> None:
+    """The real gpuforge-node parses what the document runs: a revision comes with its sha256 and bucket
+    (without the bucket it exits 2 on every node, before anything is applied)."""
+    node = FakeNode(tmp_path)
+    assert node.run(DrainNode="false", Revision=COMMIT, Sha256=SHA, RevisionBucket="revs").returncode == 0
+    assert node.run(DrainNode="false").returncode == 0
+    entry_node = noderev.node_module()
+    calls = [c.split()[1:] for c in node.slurm_calls() if c.startswith("entry ")]
+    assert len(calls) == 2
+    for argv in calls:
+        args = entry_node.parse_args(argv)
+        assert args.command == "apply"
+    revision = entry_node.parse_args(calls[0])
+    assert (revision.revision, revision.sha256, revision.bucket) == (COMMIT, SHA, "revs")
 
 
 def test_a_revision_without_its_sha256_is_refused_on_the_node(tmp_path: Path) -> None:
     node = FakeNode(tmp_path)
-    run = node.run(DrainNode="false", Revision="0123abc")
-    assert run.returncode == 1 and "needs its Sha256" in run.stdout
+    run = node.run(DrainNode="false", Revision=COMMIT)
+    assert run.returncode == 1 and "needs its Sha256 and RevisionBucket" in run.stdout
+    no_bucket = node.run(DrainNode="false", Revision=COMMIT, Sha256=SHA)
+    assert no_bucket.returncode == 1 and "needs its Sha256 and RevisionBucket" in no_bucket.stdout
     assert node.slurm_calls() == []
+    with pytest.raises(UserError, match="Revision="):
+        document.check_parameters(_doc(), {"Revision": "0123abc"})
 
 
 # --- the Run Command stand-in's rate controls (TEST DOUBLE) -------------------------------------------
@@ -406,7 +431,7 @@ def test_apply_sends_the_document_to_the_clusters_compute_nodes_with_rate_contro
     monkeypatch.setattr(fleet_cli, "_client", recording_client)
     argv = ["fleet", "apply", "--via", "ssm", "--cluster-name", "train", "--queue", "gpu"]
     argv += ["--max-concurrency", "25%", "--max-errors", "2", "--output-s3-bucket", "fleet-logs"]
-    argv += ["--revision", "0123abc", "--sha256", SHA, "--drain-timeout", "1800"]
+    argv += ["--revision", COMMIT, "--sha256", SHA, "--revision-bucket", "revs", "--drain-timeout", "1800"]
     code, out, err = _main(argv, capsys)
     assert code == 0, err
     command_id = json.loads(out)["CommandId"]
@@ -421,7 +446,8 @@ def test_apply_sends_the_document_to_the_clusters_compute_nodes_with_rate_contro
     assert command["OutputS3BucketName"] == "fleet-logs"
     assert command["OutputS3KeyPrefix"] == "gpuforge/fleet-apply/train"
     params = command["Parameters"]
-    assert params["Revision"] == ["0123abc"] and params["Sha256"] == [SHA]
+    assert params["Revision"] == [COMMIT] and params["Sha256"] == [SHA]
+    assert params["RevisionBucket"] == ["revs"] and params["RevisionPrefix"] == ["gpuforge/revisions/"]
     assert params["DrainNode"] == ["true"] and params["DrainTimeoutSeconds"] == ["1800"]
     assert params["ExecutionTimeout"] == ["5400"]
     assert params["EntryPoint"] == ["/usr/local/sbin/gpuforge-node"]
@@ -460,7 +486,8 @@ def test_apply_refuses_a_missing_document(aws: MotoServer, capsys: pytest.Captur
         (["--max-concurrency", "150%"], "is not a count or a percentage"),
         (["--max-errors", "some"], "is not a count or a percentage"),
         (["--sha256", "XYZ"], "is not a sha256"),
-        (["--revision", "0123abc"], "--revision and --sha256 go together"),
+        (["--revision", "0123abc"], "is not an exact git commit"),
+        (["--revision", COMMIT, "--sha256", SHA], "--revision, --sha256 and --revision-bucket go together"),
         (["--queue", "gpu", "--node-type", "head"], "the head node belongs to no queue"),
         (["--reason", "it's broken"], "Reason="),
         (["--entry-point", "relative/path"], "EntryPoint="),

@@ -61,9 +61,10 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _parameters(args: argparse.Namespace) -> dict[str, str]:
-    if bool(args.revision) != bool(args.sha256):
+    if not (bool(args.revision) == bool(args.sha256) == bool(args.revision_bucket)):
         raise UserError(
-            "--revision and --sha256 go together (the node checks the revision's archive by its sha256)"
+            "--revision, --sha256 and --revision-bucket go together (the node fetches the revision's "
+            "archive from that bucket and checks it by its sha256)"
         )
     params = {
         "EntryPoint": args.entry_point,
@@ -76,6 +77,9 @@ def _parameters(args: argparse.Namespace) -> dict[str, str]:
     if args.revision:
         params["Revision"] = args.revision
         params["Sha256"] = args.sha256
+        params["RevisionBucket"] = args.revision_bucket
+        if args.revision_prefix:
+            params["RevisionPrefix"] = args.revision_prefix
     return params
 
 
@@ -205,9 +209,17 @@ def register(subparsers: Any) -> None:
         help=f"the node-side entry point (default {document.ENTRY_POINT})",
     )
     apply.add_argument(
-        "--revision", help="a gpuforge revision to apply instead of the image's (needs --sha256)"
+        "--revision",
+        type=_pattern(r"[0-9a-f]{40}", "an exact git commit (40 lowercase hexadecimal digits)"),
+        help="a published revision to apply instead of the image's (needs --sha256, --revision-bucket)",
     )
     apply.add_argument("--sha256", type=_sha256, help="the sha256 of that revision's archive")
+    apply.add_argument(
+        "--revision-bucket", type=nonempty, help="the S3 bucket `gpuforge node-revision publish` wrote it to"
+    )
+    apply.add_argument(
+        "--revision-prefix", type=nonempty, help="its key prefix there (default gpuforge/revisions/)"
+    )
     apply.add_argument(
         "--drain-timeout",
         type=positive_int,
