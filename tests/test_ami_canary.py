@@ -445,3 +445,30 @@ def test_node_check_step_output_is_what_the_judge_reads(tmp_path: Path) -> None:
     assert document["run_id"] == run_id and document["health"]["report"]["healthy"] is True
     assert document["smoke"]["report"]["status"] == "no_gpu"
     assert canary.judge_check("i-node", document) == ["i-node: GPU smoke test failed (exit 1)"]
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_canary_nodes_end_themselves_when_gpuforge_cannot_terminate_them(
+    nodes: FakeNodes, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    """A cancelled job or an expired AWS session skips gpuforge's own TerminateInstances: each node then
+    halts itself after the run's longest possible duration, and a halt terminates it (issue 28 review)."""
+    _candidate()
+    monkeypatch.setattr(canary, "terminate", lambda *_: None)  # gpuforge never gets to terminate
+    timeouts = ("--boot-timeout", "600", "--command-timeout", "900")
+    assert cli.main(_canary_argv("--count", str(count), *timeouts)) == 0
+    ec2 = boto3.client("ec2")
+    for instance in _instances():
+        assert instance["State"]["Name"] == "running"
+        behavior = ec2.describe_instance_attribute(
+            InstanceId=instance["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+        )
+        assert behavior["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        data = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+        script = base64.b64decode(data["UserData"]["Value"]).decode()
+        assert script.startswith("#!/bin/sh\n")
+        (minutes,) = [int(w[1:]) for w in shlex.split(script.splitlines()[1]) if w.startswith("+")]
+        # Never before the run's own waits: boot twice (running, SSM), each command round, termination.
+        rounds = 1 if count == 1 else 4
+        assert minutes * 60 >= 2 * 600 + rounds * (900 + 600) + 1800
+        assert minutes * 60 <= 2 * 600 + rounds * (900 + 600) + 1800 + 60

@@ -146,6 +146,33 @@ def _network_interfaces(request: Request, facts: InstanceType) -> list[dict[str,
     return interfaces
 
 
+def node_commands_count(request: Request) -> int:
+    """SendCommand rounds of one run: check, and with 2 nodes keygen, authorize and allreduce."""
+    return 1 if request.count == 1 else 4
+
+
+def lifetime_minutes(request: Request) -> int:
+    """How long a canary node may live: every wait of the run at its limit, plus the time to terminate.
+
+    gpuforge terminates its nodes itself; this bound is the node's own dead-man switch for when it cannot
+    (the job cancelled or killed, its AWS session expired): the node halts itself then, and a halt
+    terminates it (launch_parameters). It never fires before the run's own timeouts would have.
+    """
+    rounds = node_commands_count(request)
+    # wait_running and wait_managed each allow boot_timeout_s; wait_command allows command_timeout_s + 600
+    # per round; terminate waits up to 1800 s.
+    seconds = 2 * request.boot_timeout_s + rounds * (request.command_timeout_s + 600) + 1800
+    return -(-seconds // 60)
+
+
+def _dead_man_switch(request: Request) -> str:
+    """User data that halts the node after lifetime_minutes: a shell script, which cloud-init runs once
+    as root on the instance's first boot (cloud-init docs, "User data formats": user data script). The
+    gpuforge images keep cloud-init and clear its state at the end of a bake (packer/scripts/sanitize.sh),
+    so every canary node boots as a first boot. `shutdown -h +M` schedules the halt and returns."""
+    return f"#!/bin/sh\nshutdown -h +{lifetime_minutes(request)} 'gpuforge canary: dead-man switch'\n"
+
+
 def launch_parameters(request: Request, facts: InstanceType, run_id: str) -> dict[str, Any]:
     """RunInstances' parameters: exactly the type and count asked for, tagged with the run id."""
     tags = [{"Key": CANARY_TAG, "Value": run_id}, {"Key": "Name", "Value": f"gpuforge {run_id}"}]
@@ -157,6 +184,12 @@ def launch_parameters(request: Request, facts: InstanceType, run_id: str) -> dic
         "IamInstanceProfile": {"Name": request.instance_profile},
         # IMDSv2 only, as every gpuforge image is (images.require_imdsv2).
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        # A halt from inside terminates the node (RunInstances InstanceInitiatedShutdownBehavior,
+        # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RunInstances.html): with the user data
+        # below, a node gpuforge could not terminate (cancelled job, expired credentials) ends itself
+        # instead of running a GPU type for days. boto3 base64-encodes UserData for RunInstances.
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        "UserData": _dead_man_switch(request),
         "TagSpecifications": [
             {"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume", "network-interface")
         ],
