@@ -106,6 +106,15 @@ elif name == "scontrol" and args[0] == "update":
     node = state["nodes"][fields["NodeName"]]
     node["State"] = "IDLE+DRAIN" if fields["State"] == "DRAIN" else "IDLE"
     node["Reason"] = fields.get("Reason", "none").replace(" ", "_")
+elif name == "scontrol" and args[:2] == ["create", "reservation"]:
+    fields = dict(a.split("=", 1) for a in args[2:])
+    if fields["ReservationName"] in state["reservations"]:
+        print("Error creating the reservation: Duplicate reservation name", file=sys.stderr)
+        code = 1
+    else:
+        state["reservations"][fields["ReservationName"]] = fields
+elif name == "scontrol" and args[0] == "delete":
+    state["reservations"].pop(args[1].split("=", 1)[1])
 elif name == "squeue":
     node = [a.split("=", 1)[1] for a in args if a.startswith("--nodelist=")][0]
     left = state["jobs"].get(node, 0)
@@ -139,6 +148,7 @@ class FakeNode:
             "nodes": {},
             "jobs": {},
             "calls": [],
+            "reservations": {},
             "entry_rc": 0,
         }
 
@@ -165,7 +175,7 @@ class FakeNode:
 
     def slurm_calls(self) -> list[str]:
         """scontrol updates, squeue polls and the entry point, in order (reads left out)."""
-        keep = ("scontrol update", "squeue", "entry")
+        keep = ("scontrol update", "scontrol create", "scontrol delete", "squeue", "entry")
         return [
             c.split(" --")[0] if c.startswith("squeue") else c
             for c in self.state["calls"]
@@ -217,6 +227,41 @@ def test_on_parallelcluster_the_node_is_found_by_its_address(tmp_path: Path) -> 
         "scontrol update NodeName=queue1-st-p5-2 State=DRAIN Reason=gpuforge fleet apply",
         "scontrol update NodeName=queue1-st-p5-2 State=RESUME",
     ]
+
+
+def test_on_parallelcluster_a_maintenance_reservation_holds_the_node_never_a_drain(tmp_path: Path) -> None:
+    """clustermgtd replaces an IDLE+DRAIN node (terminate_drain_nodes): the node is never drained while it
+    is being changed; a reservation keeps new jobs off it and ends by itself after the step's timeout."""
+    node = FakeNode(tmp_path, short="ip-10-0-0-5", ip="10.0.0.5")
+    node.add("gpu-st-p5-1", addr="10.0.0.5", hostname="ip-10-0-0-5")
+    node.state["jobs"]["gpu-st-p5-1"] = 1
+    run = node.run(HoldWith="reservation", ExecutionTimeout="5400")
+    assert run.returncode == 0, run.stdout + run.stderr
+    create = (
+        "scontrol create reservation ReservationName=gpuforge-apply-gpu-st-p5-1 Nodes=gpu-st-p5-1 "
+        "StartTime=now Duration=95 Users=root Flags=MAINT,IGNORE_JOBS"
+    )
+    assert node.slurm_calls() == [
+        create,
+        "squeue",
+        "squeue",
+        "entry apply",
+        "scontrol delete ReservationName=gpuforge-apply-gpu-st-p5-1",
+    ]
+    assert node.state["reservations"] == {} and node.state["nodes"]["gpu-st-p5-1"]["State"] == "IDLE"
+    # A failed apply drains the node with the reason (ParallelCluster then replaces it) and ends the hold.
+    node.state["entry_rc"] = 1
+    failed = node.run(HoldWith="reservation")
+    assert failed.returncode == 1
+    assert node.state["nodes"]["gpu-st-p5-1"]["State"] == "IDLE+DRAIN" and node.state["reservations"] == {}
+    # A reservation left by a stopped step: nothing is changed until it ends.
+    node.state["entry_rc"] = 0
+    node.state["nodes"]["gpu-st-p5-1"]["State"] = "IDLE"
+    node.state["reservations"]["gpuforge-apply-gpu-st-p5-1"] = {}
+    node.state["calls"] = []
+    stale = node.run(HoldWith="reservation")
+    assert stale.returncode == 1 and "could not hold gpu-st-p5-1 (reservation)" in stale.stdout
+    assert not any(c.startswith("entry") for c in node.state["calls"])
 
 
 def test_a_node_drained_by_someone_else_is_applied_but_never_resumed(tmp_path: Path) -> None:
@@ -449,6 +494,7 @@ def test_apply_sends_the_document_to_the_clusters_compute_nodes_with_rate_contro
     assert params["Revision"] == [COMMIT] and params["Sha256"] == [SHA]
     assert params["RevisionBucket"] == ["revs"] and params["RevisionPrefix"] == ["gpuforge/revisions/"]
     assert params["DrainNode"] == ["true"] and params["DrainTimeoutSeconds"] == ["1800"]
+    assert params["HoldWith"] == ["reservation"]
     assert params["ExecutionTimeout"] == ["5400"]
     assert params["EntryPoint"] == ["/usr/local/sbin/gpuforge-node"]
     # moto resolves the tag targets as EC2 would: this cluster's gpu queue only.

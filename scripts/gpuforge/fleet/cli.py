@@ -69,6 +69,9 @@ def _parameters(args: argparse.Namespace) -> dict[str, str]:
     params = {
         "EntryPoint": args.entry_point,
         "DrainNode": "false" if args.node_type == "head" else "true",
+        # The targets are ParallelCluster's tags, and its clustermgtd replaces drained idle nodes: hold the
+        # node with a maintenance reservation instead (ssm/gpuforge-apply.yml HoldWith).
+        "HoldWith": "reservation",
         "DrainTimeoutSeconds": str(args.drain_timeout),
         "Reason": args.reason,
         # The step may run for the drain wait plus the apply itself.
