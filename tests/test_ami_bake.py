@@ -750,6 +750,31 @@ def test_rebuild_if_stale_retries_a_candidate_whose_canary_failed(
     assert publish.read_parameter(CANDIDATE) not in (None, first)
 
 
+@pytest.mark.parametrize("verdict", [None, "passed"])
+def test_rebuild_if_stale_hands_a_waiting_candidate_back_to_the_pipeline(
+    dlami_base: str,
+    fake_packer: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    verdict: str | None,
+) -> None:
+    """A candidate whose canary never ran (no capacity, a cancelled job) or whose promote failed: the next
+    scheduled rebuild ends with its id, as after a bake, so the workflow's canary and promote steps run on
+    it; a sentence there would skip them on every later schedule and leave latest frozen."""
+    assert cli.main(_rebuild_argv(tmp_path, "--candidate")) == 0
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    if verdict is not None:
+        boto3.client("ec2").create_tags(
+            Resources=[first], Tags=[{"Key": "gpuforge:canary", "Value": verdict}]
+        )
+    assert cli.main(_rebuild_argv(tmp_path, "--candidate")) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(_builds(fake_packer)) == 1
+    assert "is current" in out[-2] and "not rebuilding" in out[-2]
+    # What the rebuild step of .github/workflows/ami-rebuild.yml takes for the image to canary and promote.
+    assert re.fullmatch(r"ami-[0-9a-f]+", out[-1]) and out[-1] == first
+
+
 # --- issue 28 follow-ups: Packer >= 1.10 on AWS, the bake volume, the builder profile, copy keys ----------
 
 

@@ -393,10 +393,15 @@ def _rebuild(args: argparse.Namespace) -> int:
             return 0
         # A current candidate waits for its canary and promote: baking it again changes nothing. One whose
         # canary failed is rebuilt (a new try, on the next schedule).
+        # Its id is the last line, as a new image's would be: the scheduled workflow then runs the canary and
+        # promote on it. A candidate whose canary never ran (no capacity, a cancelled job) or whose promote
+        # failed would otherwise wait forever, every later schedule saying "current" and latest frozen.
         if args.parameter is None:
             waiting = _current_candidate(options.flavor, os, options.region, base, digests)
             if waiting is not None:
-                print(waiting)
+                message, candidate = waiting
+                print(message)
+                print(candidate)
                 return 0
         LOG.info("rebuilding %s/%s: %s", options.flavor, os, reason)
     return _bake_and_publish(args, options)
@@ -404,8 +409,8 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 def _current_candidate(
     flavor: str, os: str, region: str | None, base: images.Image, digests: tuple[str, str]
-) -> str | None:
-    """The message for a candidate of today's base and inputs whose canary has not failed, else None."""
+) -> tuple[str, str] | None:
+    """A message and the id of a current candidate (today's base and inputs, canary not failed), else None."""
     name = promote.candidate_parameter(flavor, os)
     value = publish.read_parameter(name, region)
     if value is None:
@@ -429,7 +434,8 @@ def _current_candidate(
     )
     return (
         f"{candidate.id} (candidate at {name}) is current (base {base.id}, same versions manifest and bake "
-        f"inputs) and {state}; not rebuilding"
+        f"inputs) and {state}; not rebuilding",
+        candidate.id,
     )
 
 
