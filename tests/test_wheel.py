@@ -191,7 +191,9 @@ packer = Packer.find()
 staged = packer.stage(template_dir(), out / "staged")
 var_file = write_var_file(out / "vars.json", {{
     "repo_root": str(paths.share_root()), "source_ami": "ami-0123456789abcdef0",
-    "image_tags": versions.load().image_tags(), "manifest_path": str(out / "manifest.json")}})
+    "image_tags": versions.load().image_tags(), "manifest_path": str(out / "manifest.json"),
+    # A bake always names the builder's profile (Session Manager needs one): gpuforge-builder-<region>.
+    "iam_instance_profile": "gpuforge-builder-us-east-1"}})
 result = subprocess.run([packer.executable, "validate", f"-var-file={{var_file}}", str(staged)],
                         capture_output=True, text=True)
 print(json.dumps({{"dir": str(template_dir()), "rc": result.returncode,
