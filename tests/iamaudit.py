@@ -334,9 +334,12 @@ def decide(policy: dict[str, Any], request: Request) -> str:
 # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/supported-iam-actions-tagging.html). CopyImage is
 # authorized on the source image (since 2024-10-28), the new image and its snapshots, and tagging the copy
 # needs ec2:CreateTags (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/copy-ami-permissions.html).
-# Unsourced and therefore modelled conservatively: whether tags that CopyImageTags carries over reach IAM as
-# aws:RequestTag (assumed yes, with ec2:CreateAction=CopyImage); the authorization still needs them to name
-# the build id, which the policy requires.
+# Unsourced and therefore modelled conservatively: whether the tags CopyImageTags carries over reach IAM as
+# aws:RequestTag. Nothing AWS publishes says they do (request tags are those of a request's
+# TagSpecifications, and packer-plugin-amazon v1.8.2 copies with CopyImageTags and no TagSpecifications:
+# common/step_ami_region_copy.go copyImageV2), so the copy's image and snapshots are authorized here with
+# no request tags at all, and tagging them as ec2:CreateTags with ec2:CreateAction=CopyImage and no request
+# tags either. A policy that passes this model passes whichever way AWS decides.
 
 _PREFIXES = {
     "i-": "instance",
@@ -395,10 +398,10 @@ def _created(call: dict[str, Any], action: str) -> list[Request]:
     """The creating action on each new resource, and the CreateTags authorization for its tags."""
     requests = []
     request_tags = call.get("request_tags", {})
-    if call["action"] == "CopyImage" and call.get("params", {}).get("CopyImageTags") == "true":
-        # The copy carries the source image's tags (see the note above).
-        source: dict[str, str] = next(iter(call.get("resources", {}).values()), {})
-        request_tags = {"image": source, "snapshot": source, **request_tags}
+    copies_tags = call["action"] == "CopyImage" and call.get("params", {}).get("CopyImageTags") == "true"
+    if copies_tags:
+        # The copy carries the source image's tags (see the note above): not as request tags.
+        request_tags = {k: v for k, v in request_tags.items() if k not in ("image", "snapshot")}
     for kind in _CREATES[call["action"]]:
         tags = request_tags.get(kind, {})
         name = (
@@ -415,7 +418,7 @@ def _created(call: dict[str, Any], action: str) -> list[Request]:
             context["ec2:InstanceType"] = [call.get("params", {}).get("InstanceType", "")]
         resource = arn(call["region"], kind, name)
         requests.append(Request(action, resource, context, f"new {kind}"))
-        if tags:
+        if tags or copies_tags:
             tagging = {**context, "ec2:CreateAction": [call["action"]]}
             requests.append(Request("ec2:CreateTags", resource, tagging, f"tags on the new {kind}"))
     return requests

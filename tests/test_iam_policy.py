@@ -247,6 +247,26 @@ def test_policy_allows_every_call_of_the_amazon_plugins_bake(scenario: str) -> N
         assert {"DeregisterImage", "DeleteSnapshot", "TerminateInstances"} <= {c["action"] for c in calls}
 
 
+def test_a_region_copy_needs_no_request_tags_from_copy_image_tags() -> None:
+    """The plugin copies with CopyImageTags and no TagSpecifications; AWS documents no request tags for
+    that, so the copy and the tags it carries over must be allowed without them (issue 28 review)."""
+    copy = {
+        "action": "CopyImage",
+        "region": "us-west-2",
+        "created": "ami-0b1de5c0ffee00004",
+        "params": {"CopyImageTags": "true", "SourceRegion": "us-east-1"},
+        "resources": {"ami-0b1de5c0ffee00002": BUILD},
+    }
+    requests = iamaudit.requests_for(copy)
+    assert all(not any(k.startswith("aws:RequestTag/") for k in r.context) for r in requests)
+    tagging = [r for r in requests if r.action == "ec2:CreateTags"]
+    assert {r.context["ec2:CreateAction"][0] for r in tagging} == {"CopyImage"} and len(tagging) == 2
+    assert iamaudit.denied(iamaudit.load_policy(), [copy]) == []
+    # The CopyImage tagging grant is for copies only: not tags on an image that exists.
+    retag = {**copy, "action": "CreateTags", "resources": {"ami-0fee1d00000000001": {}}, "params": {}}
+    assert iamaudit.denied(iamaudit.load_policy(), [retag]) != []
+
+
 def test_the_plugin_sequence_names_its_source() -> None:
     about = PLUGIN_SEQUENCE["about"]
     assert about["tag"] == "v1.8.2" and len(about["commit"]) == 40
@@ -287,15 +307,15 @@ def test_packer_1_6_order_matches_the_plugins_step_order() -> None:
 # Where Packer 1.6.6 differs: it tags nothing it creates except the instance and its volumes (no run_tags on
 # CreateKeyPair, CreateSecurityGroup, CreateImage; CopyImage without CopyImageTags), so the image and its
 # copy are untagged until StepCreateTags, its last step. No tag-scoped policy can let it modify, tag or clean
-# up those images without letting the role do so to every untagged image of the account.
+# up those images without letting the role do so to every untagged image of the account. CopyImage itself is
+# not among them: the policy cannot scope a copy by tags (iamaudit: CopyImageTags gives no request tags), and a
+# copy only adds an image; Packer 1.6's untagged copy is then denied its tags and its cleanup.
 PACKER_1_6_DENIED = {
     "success": {
         ("CreateSecurityGroup", "security-group"),
         ("AuthorizeSecurityGroupIngress", "security-group"),
         ("CreateImage", "image"),
         ("CreateImage", "snapshot"),
-        ("CopyImage", "image"),
-        ("CopyImage", "snapshot"),
         ("ModifyImageAttribute", "image"),
         ("CreateTags", "image"),
         ("CreateTags", "snapshot"),
@@ -306,8 +326,6 @@ PACKER_1_6_DENIED = {
         ("AuthorizeSecurityGroupIngress", "security-group"),
         ("CreateImage", "image"),
         ("CreateImage", "snapshot"),
-        ("CopyImage", "image"),
-        ("CopyImage", "snapshot"),
         ("DeregisterImage", "image"),
         ("DeleteSnapshot", "snapshot"),
         ("DeleteSecurityGroup", "security-group"),
