@@ -307,9 +307,9 @@ def test_packer_1_6_order_matches_the_plugins_step_order() -> None:
 # Where Packer 1.6.6 differs: it tags nothing it creates except the instance and its volumes (no run_tags on
 # CreateKeyPair, CreateSecurityGroup, CreateImage; CopyImage without CopyImageTags), so the image and its
 # copy are untagged until StepCreateTags, its last step. No tag-scoped policy can let it modify, tag or clean
-# up those images without letting the role do so to every untagged image of the account. CopyImage itself is
-# not among them: the policy cannot scope a copy by tags (iamaudit: CopyImageTags gives no request tags), and a
-# copy only adds an image; Packer 1.6's untagged copy is then denied its tags and its cleanup.
+# up those images without letting the role do so to every untagged image of the account. CopyImage itself
+# is not among them: the policy cannot scope a copy by tags (iamaudit: CopyImageTags gives no request
+# tags), and a copy only adds an image; Packer 1.6's untagged copy is then denied its tags and cleanup.
 PACKER_1_6_DENIED = {
     "success": {
         ("CreateSecurityGroup", "security-group"),
