@@ -236,7 +236,7 @@ def _made(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("scenario", sorted(PLUGIN_SEQUENCE["scenarios"]))
 def test_policy_allows_every_call_of_the_amazon_plugins_bake(scenario: str) -> None:
-    """packer-plugin-amazon v1.8.2 (production: Packer 1.11.2, plugin ~> 1.3), its calls in its order.
+    """packer-plugin-amazon v1.8.2 (production: Packer 1.11.2, plugin ~> 1.8.2), its calls in its order.
 
     The failed bake's cleanup (stepCreateAMI.Cleanup: DeregisterImage, DeleteSnapshot; terminate, delete
     the group and key pair) is allowed too, so a failed bake leaves nothing behind.
@@ -265,6 +265,17 @@ def test_a_region_copy_needs_no_request_tags_from_copy_image_tags() -> None:
     # The CopyImage tagging grant is for copies only: not tags on an image that exists.
     retag = {**copy, "action": "CreateTags", "resources": {"ami-0fee1d00000000001": {}}, "params": {}}
     assert iamaudit.denied(iamaudit.load_policy(), [retag]) != []
+
+
+def test_packer_installs_the_plugin_release_the_policy_was_checked_against() -> None:
+    """`packer init` installs the newest release the constraint allows: only patch releases of the one whose
+    call sequence the policy passes (`~> 1.3` let any 1.x in, with calls nobody checked)."""
+    text = (iamaudit.REPO / "packer" / "plugins.pkr.hcl.modern").read_text()
+    block = re.search(r"amazon = \{(.*?)\}", text, re.S)
+    assert block is not None
+    constraint = re.search(r'version\s*=\s*"([^"]+)"', block.group(1))
+    assert constraint is not None
+    assert constraint.group(1) == f"~> {PLUGIN_SEQUENCE['about']['tag'].removeprefix('v')}"
 
 
 def test_the_plugin_sequence_names_its_source() -> None:
