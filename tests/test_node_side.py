@@ -566,6 +566,24 @@ def test_a_filter_in_a_skipped_loop_raises_an_undefined_error_ansible_defers() -
         units.units_to_start(["not", "a", "string"])
 
 
+def test_json_rendered_by_the_configure_phase_stays_text_under_ansible_core_2_17() -> None:
+    """ansible-core 2.17 turns a rendered value that reads as a Python literal (JSON without true, false
+    or null) into a dict, and gpuforge_common's managed files then refuse it ("a file needs its content as
+    a string": the health role's fallback health.json, found by the lab test); 2.19 keeps text. Every JSON
+    template the configure phase's roles render into a value is piped through `string`."""
+    roles = ("nccl_tuning", "slurm", "health", "gpuforge_common")
+    expression = re.compile(r"\{\{\s*lookup\('ansible\.builtin\.template',\s*'[^']+\.json\.j2'.*?\}\}", re.S)
+    found = {
+        f"{path.relative_to(REPO)}: {' '.join(m.group(0).split())}"
+        for role in roles
+        for path in (REPO / "roles" / role / "tasks").glob("*.yml")
+        for m in expression.finditer(path.read_text())
+        if path.name != "manifest.yml"  # install phase: the controller's 2.19 alone renders it
+    }
+    assert found, "no JSON template found: the pattern is stale"
+    assert [f for f in sorted(found) if not re.search(r"\|\s*string\s*\}\}$", f)] == []
+
+
 # The collection of the bake's revision (tasks/collection.yml), run against this host in a temporary root.
 
 
