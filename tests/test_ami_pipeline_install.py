@@ -191,3 +191,17 @@ def test_workflow_install_commands_give_a_working_bake_entry_point(tmp_path: Pat
     ).stdout
     core = next(line.split("==")[1] for line in pinned.splitlines() if line.startswith("ansible-core=="))
     assert f"core {core}]" in version
+
+
+def test_the_codebuild_schedule_moves_latest_only_through_canary_and_promote() -> None:
+    """Review finding: the buildspec rebuilt (a candidate, by default) but never ran canary or promote,
+    so latest never moved on CodeBuild; the canary is bounded so the build fits its timeout."""
+    script = "\n".join(yaml.safe_load(BUILDSPEC.read_text())["phases"]["build"]["commands"])
+    rebuild, canary, promote = (
+        script.index(f"gpuforge {word} ") for word in ("rebuild", "canary", "promote")
+    )
+    assert rebuild < canary < promote
+    assert "| tee" not in script  # sh: no pipefail, a failed rebuild must stop the build
+    assert '--boot-timeout "$CANARY_BOOT_TIMEOUT" --command-timeout "$CANARY_COMMAND_TIMEOUT"' in script
+    variables = yaml.safe_load(BUILDSPEC.read_text())["env"]["variables"]
+    assert int(variables["CANARY_BOOT_TIMEOUT"]) * 2 + int(variables["CANARY_COMMAND_TIMEOUT"]) * 4 < 4 * 3600
