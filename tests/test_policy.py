@@ -1,17 +1,23 @@
-"""The version policy, decided by the Python module (gpuforge.policy) and by the roles' tasks file
-(roles/gpuforge_common/tasks/policy.yml) over the same cases: adopt, keep, install, refuse to
-downgrade, and the one opt-in. The role side runs in one check-mode play on the control host.
+"""The version policy, decided once (plugins/module_utils/policy.py): the CLI's gpuforge.policy and
+the roles' filter gpuforge.gpu.version_decision (plugins/filter/version_policy.py) over the same
+cases: adopt, keep, install, refuse to downgrade, and the one opt-in.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
 
+import sourcefile
 from gpuforge import policy
-from localplay import record, run_cases
+
+version_policy = sourcefile.load("version_policy", "plugins/filter/version_policy.py")
+REPO = Path(__file__).resolve().parents[1]
 
 # case -> (installed, pin, floor, compatible, allow_downgrade, previous source, expected action)
 CASES: dict[str, tuple[str, str, str, bool, bool, str, str]] = {
@@ -70,53 +76,87 @@ def test_refusal_names_both_releases_and_the_opt_in() -> None:
     assert policy.ALLOW_DOWNGRADE_VARIABLE in message
 
 
-@pytest.fixture(scope="module")
-def role_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    cases: dict[str, list[dict[str, Any]]] = {}
-    for case, (installed, pin, floor, compatible, allow, previous, _) in CASES.items():
-        cases[case] = [
-            {
-                "ansible.builtin.include_role": {
-                    "name": "gpuforge.gpu.gpuforge_common",
-                    "tasks_from": "policy.yml",
-                },
-                "vars": {
-                    "gpuforge_common_policy_component": "component",
-                    "gpuforge_common_policy_installed": installed,
-                    "gpuforge_common_policy_pin": pin,
-                    "gpuforge_common_policy_floor": floor,
-                    "gpuforge_common_policy_compatible": compatible,
-                    "gpuforge_common_policy_incompatible_reason": ""
-                    if compatible
-                    else "outside the tested range",
-                    "gpuforge_common_allow_downgrade": allow,
-                    "gpuforge_previous_manifest": {
-                        "installed": {"component": {"version": installed, "source": previous}}
-                    }
-                    if previous
-                    else {},
-                },
-            },
-            record(case, "{{ gpuforge_reality.component }}"),
-        ]
-    return run_cases(tmp_path_factory.mktemp("policy-play"), cases, {})
+def _filter(case: str, reality: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The case through the roles' filter, with its values as a role passes them (templated strings)."""
+    installed, pin, floor, compatible, allow, previous, _ = CASES[case]
+    result: dict[str, Any] = version_policy.version_decision(
+        reality or {},
+        "component",
+        installed,
+        pin,
+        floor,
+        compatible=str(compatible),
+        incompatible_reason="" if compatible else "outside the tested range",
+        allow_downgrade=str(allow),
+        previous_manifest={"installed": {"component": {"version": installed, "source": previous}}}
+        if previous
+        else {},
+    )
+    return result
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_role_decides_as_python(role_results: dict[str, Any], case: str) -> None:
-    """The role's record equals the Python decision field by field; a refusal fails with the same message."""
-    got = role_results[case]
+def test_role_filter_records_the_decision(case: str) -> None:
+    """The roles' filter records the policy's decision field by field; a refusal fails with its message."""
     expected = _python(case)
     if expected.action == "refuse":
-        assert isinstance(got, str), f"{case} did not fail: {got}"
-        assert " ".join(got.split()) == expected.message
+        with pytest.raises(AnsibleFilterError) as refused:
+            _filter(case)
+        assert str(refused.value) == expected.message
         return
-    assert got == expected.record()
+    assert _filter(case) == {"component": expected.record()}
 
 
-def test_policy_file_and_module_name_the_same_opt_in() -> None:
-    task = (Path(__file__).resolve().parents[1] / "roles/gpuforge_common/tasks/policy.yml").read_text()
-    assert f"{policy.ALLOW_DOWNGRADE_VARIABLE}=true" in task
-    defaults = (Path(__file__).resolve().parents[1] / "roles/gpuforge_common/defaults/main.yml").read_text()
+def test_role_filter_keeps_the_other_components_records() -> None:
+    earlier = {"nccl": {"action": "adopt", "version": "2.27.7"}, "component": {"action": "install"}}
+    got = _filter("same-as-pin", earlier)
+    assert got == {"nccl": earlier["nccl"], "component": _python("same-as-pin").record()}
+    assert earlier["component"] == {"action": "install"}  # the input is not changed in place
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"), [(None, "install"), (" 2.0.1\n", "keep"), ("1:3.0.0", "adopt")]
+)
+def test_role_filter_takes_probe_output_as_the_roles_give_it(installed: Any, expected: str) -> None:
+    got = version_policy.version_decision({}, "c", installed, "2.0.1", "1.0.0")
+    assert got["c"]["action"] == expected
+
+
+@pytest.mark.parametrize(("pin", "floor"), [("", "1.0.0"), ("2.0.1", None)])
+def test_role_filter_refuses_a_missing_pin_or_floor(pin: str, floor: Any) -> None:
+    with pytest.raises(AnsibleFilterError, match="the pin and the floor are required"):
+        version_policy.version_decision({}, "c", "1.0.0", pin, floor)
+
+
+def _policy_calls() -> list[tuple[str, str]]:
+    """Every role task that records a version decision, with its template."""
+    calls = []
+    for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
+        for task in yaml.safe_load(path.read_text()) or []:
+            fact = (task.get("ansible.builtin.set_fact") or {}).get("gpuforge_reality", "")
+            if "gpuforge.gpu.version_decision" in fact:
+                calls.append((str(path.relative_to(REPO)), fact))
+    return calls
+
+
+def test_every_stack_role_decides_through_the_filter_with_the_opt_in() -> None:
+    """The roles that used the Jinja copy now call the filter, each passing the opt-in and the manifest."""
+    calls = _policy_calls()
+    components = {c for _, fact in calls for c in re.findall(r"version_decision\('([a-z_]+)'", fact)}
+    assert components == {
+        "efa_installer",
+        "dcgm",
+        "nvidia_container_toolkit",
+        "nccl",
+        "nccl_tests",
+        "nvidia_driver",
+    }
+    for path, fact in calls:
+        assert f"allow_downgrade={policy.ALLOW_DOWNGRADE_VARIABLE}" in fact, path
+        assert "previous_manifest=gpuforge_previous_manifest" in fact, path
+    assert not (REPO / "roles/gpuforge_common/tasks/policy.yml").exists()
+
+
+def test_the_opt_in_is_a_default_of_the_shared_role() -> None:
+    defaults = (REPO / "roles/gpuforge_common/defaults/main.yml").read_text()
     assert f"{policy.ALLOW_DOWNGRADE_VARIABLE}: false" in defaults
