@@ -42,11 +42,18 @@ def test_the_install_play_leaves_golden_hosts_out_after_one_decision() -> None:
     assert decision["hosts"] == INSTALL_PLAY["hosts"].split("{{ ':!")[0]
     assert decision["gather_facts"] is False
     assert ":!gpuforge_golden" in INSTALL_PLAY["hosts"]
-    assert [t.get("ansible.builtin.import_role", {}).get("tasks_from") for t in decision["tasks"][:3]] == [
+    assert [t.get("ansible.builtin.import_role", {}).get("tasks_from") for t in decision["tasks"][:2]] == [
         "load_data.yml",
         "read_manifest.yml",
-        "fast_path.yml",
     ]
+    # The decision itself is the collection's filter (plugins/module_utils/fast_path.py), no Jinja copy.
+    decide = decision["tasks"][2]
+    assert set(decide["ansible.builtin.set_fact"]) == {"gpuforge_fast_path", "gpuforge_fast_path_reason"}
+    assert "gpuforge_previous_manifest | gpuforge.gpu.fast_path(gpuforge_versions_hash," in " ".join(
+        decide["vars"]["_bake_decision"].split()
+    )
+    assert "full_install=gpuforge_full_install" in decide["vars"]["_bake_decision"]
+    assert not (REPO / "roles/gpuforge_common/tasks/fast_path.yml").exists()
     assert all("always" in t["tags"] for t in decision["tasks"])
 
 

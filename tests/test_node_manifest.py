@@ -1,6 +1,8 @@
 """/etc/gpuforge/manifest.json: the Python reader (gpuforge.node_manifest) and the role-side reader
 (roles/gpuforge_common/tasks/read_manifest.yml) read the same files the same way, and the writer's
 template produces what both read. The role side runs in one check-mode play on the control host.
+The golden fast path's decision is one implementation (plugins/module_utils/fast_path.py), tested
+here through the CLI's gpuforge.node_manifest.fast_path and the bake play's filter gpuforge.gpu.fast_path.
 """
 
 from __future__ import annotations
@@ -10,10 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 
+import sourcefile
 from gpuforge import node_manifest, versions
 from gpuforge.errors import UserError
 from localplay import REPO, record, run_cases
+
+fast_path_filter = sourcefile.load("fast_path_filter", "plugins/filter/fast_path.py")
 
 PINS = versions.load()
 SCHEMA2 = {
@@ -159,6 +165,30 @@ def test_python_fast_path_decision(case: str) -> None:
     assert node_manifest.fast_path(node, PINS.digest, instance_type, full_install=full) == expected
 
 
+@pytest.mark.parametrize("case", list(FAST_PATH))
+def test_bake_filter_fast_path_decision(case: str) -> None:
+    """The bake play's filter, given what read_manifest.yml sets ({} for no manifest) and values as a
+    play passes them (templated strings), decides as the CLI does."""
+    data, instance_type, full, expected = FAST_PATH[case]
+    manifest = {} if data is None else node_manifest.parse(data).as_dict()
+    got = fast_path_filter.fast_path(manifest, PINS.digest, instance_type, full_install=str(full))
+    assert tuple(got) == expected
+
+
+def test_bake_filter_reads_a_role_side_manifest_without_a_recorded_revision() -> None:
+    """read_manifest.yml passes the file's "completed" as it is: no install_revision reads as revision 1."""
+    raw = {**GOLDEN, "completed": {"versions_hash": PINS.digest, "targets": ["p5.48xlarge"]}}
+    golden, why = fast_path_filter.fast_path(raw, PINS.digest, "p5.48xlarge")
+    assert (golden, why) == FAST_PATH["older-install-phase"][3]
+    assert fast_path_filter.fast_path(GOLDEN, PINS.digest, " unknown ")[1] == FAST_PATH["unknown-type"][3][1]
+
+
+@pytest.mark.parametrize(("manifest", "pins_hash"), [("nope", PINS.digest), ({}, ""), ({}, None)])
+def test_bake_filter_refuses_what_is_not_a_manifest_or_a_hash(manifest: Any, pins_hash: Any) -> None:
+    with pytest.raises(AnsibleFilterError, match="fast_path: pass"):
+        fast_path_filter.fast_path(manifest, pins_hash, "p5.48xlarge")
+
+
 def test_completed_round_trips_and_malformed_is_refused() -> None:
     node = node_manifest.parse(GOLDEN)
     assert node.completed == node_manifest.Completed(
@@ -216,23 +246,6 @@ def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "{{ {'dcgm': {'version': '4.6.0', 'source': 'base_image'},"
         " 'nccl': {'version': '2.27.7', 'source': 'gpuforge'}} }}"
     )
-    # The role-side fast path on the same cases as test_python_fast_path_decision.
-    for case, (data, instance_type, full, _) in FAST_PATH.items():
-        cases[f"fast-path-{case}"] = [
-            {
-                "ansible.builtin.include_role": {
-                    "name": "gpuforge.gpu.gpuforge_common",
-                    "tasks_from": "fast_path.yml",
-                },
-                "vars": {
-                    "gpuforge_previous_manifest": data or {},
-                    "gpuforge_versions_hash": PINS.digest,
-                    "gpuforge_instance_type": instance_type,
-                    "gpuforge_full_install": full,
-                },
-            },
-            record(f"fast-path-{case}", "{{ [gpuforge_fast_path | bool, gpuforge_fast_path_reason] }}"),
-        ]
     # The last write of a bake records what it completed; a later first write keeps it.
     cases["written-completed"] = [
         {
@@ -265,12 +278,6 @@ def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     (root / "play").mkdir()
     return run_cases(root / "play", cases, {})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(FAST_PATH))
-def test_role_fast_path_decides_as_python(role_side: dict[str, Any], case: str) -> None:
-    assert tuple(role_side[f"fast-path-{case}"]) == FAST_PATH[case][3]
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The node manifest, /etc/gpuforge/manifest.json: read it, and turn it into image tags.
 
 One writer (roles/gpuforge_common/tasks/manifest.yml), one reader per language: this module and
-roles/gpuforge_common/tasks/read_manifest.yml (tests/test_node_manifest.py keeps them equal).
+roles/gpuforge_common/tasks/read_manifest.yml (tests/test_node_manifest.py keeps them equal). The
+golden fast path's decision over a manifest lives once, in plugins/module_utils/fast_path.py.
 The schema is documented in docs/manifest.md:
 
     {"schema": 2,
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.gpuforge.gpu.plugins.module_utils import fast_path as _fast_path
+
 from gpuforge.errors import UserError
 from gpuforge.policy import SOURCES
 
@@ -30,11 +33,9 @@ SCHEMA = 2
 PATH = Path("/etc/gpuforge/manifest.json")
 # One AMI tag per installed component: "gpuforge:installed:<component>" = "<version>/<source>[@<digest>]".
 INSTALLED_TAG_PREFIX = "gpuforge:installed:"
-# What the install phase (playbooks/bake.yml) covers beyond the pinned components, recorded as the
-# manifest's completed.install_revision; bumped whenever it starts baking something versions.yml does
-# not pin, so an image baked before that change takes the full install. 2: munge and the Slurm
-# daemons (the slurm role's install part). The role side is roles/gpuforge_common/vars/main.yml.
-INSTALL_REVISION = 2
+# What the install phase covers beyond the pinned components (completed.install_revision): defined
+# once, with the fast-path decision that compares it, in the collection.
+INSTALL_REVISION = _fast_path.INSTALL_REVISION
 
 
 @dataclass(frozen=True)
@@ -194,32 +195,10 @@ def fast_path(
 ) -> tuple[bool, str]:
     """Whether a node may skip the install phase (the golden fast path), and why or why not.
 
-    The node is golden when the last install phase that ran to its end on it (its manifest's
-    `completed`) was for the current pins' hash and for targets that include the node's own
-    instance type. `node` is None where the manifest is missing or unreadable. The role side,
-    roles/gpuforge_common/tasks/fast_path.yml, decides the same way with the same words
-    (tests/test_node_manifest.py runs both on the same cases).
+    `node` is None where the manifest is missing or unreadable. The decision is the collection's
+    (plugins/module_utils/fast_path.py), the one the bake play makes through the filter
+    gpuforge.gpu.fast_path.
     """
-    if full_install:
-        return False, "full install asked for (gpuforge_full_install=true)"
-    if node is None:
-        return False, "no readable /etc/gpuforge/manifest.json (never baked by gpuforge)"
-    done = node.completed
-    if done is None:
-        return False, "the manifest records no install phase run to its end"
-    if done.versions_hash != versions_hash:
-        if node.versions_hash == versions_hash:
-            return False, f"the last install phase for pins {versions_hash[:12]} did not finish"
-        have, want = done.versions_hash[:12], versions_hash[:12]
-        return False, f"pins changed: the node has {have}, versions.yml {want}"
-    if done.install_revision < INSTALL_REVISION:
-        return False, (
-            f"the image's install phase is revision {done.install_revision}, gpuforge's is {INSTALL_REVISION}"
-            " (it did not bake munge and the Slurm daemons)"
-        )
-    if not instance_type or instance_type == "unknown":
-        return False, "this node's instance type is unknown (the inventory sets no gpuforge_instance_type)"
-    if instance_type not in done.targets:
-        names = ", ".join(done.targets) or "none"
-        return False, f"{instance_type} is not among the image's targets ({names})"
-    return True, f"golden: pins {versions_hash[:12]} installed for {', '.join(done.targets)}"
+    return _fast_path.decide(
+        None if node is None else node.as_dict(), versions_hash, instance_type, full_install=full_install
+    )

@@ -1,0 +1,42 @@
+"""Ansible filter gpuforge.gpu.fast_path: may this node skip the install phase (the golden fast path)?
+
+playbooks/bake.yml's first play reads the node's manifest and asks:
+
+    "{{ gpuforge_previous_manifest | gpuforge.gpu.fast_path(gpuforge_versions_hash, gpuforge_instance_type,
+        full_install=gpuforge_full_install) }}"  ->  [golden (bool), why]
+
+The decision is plugins/module_utils/fast_path.py, which the CLI imports too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.gpuforge.gpu.plugins.module_utils.fast_path import decide
+
+
+def fast_path(
+    manifest: Any, versions_hash: Any, instance_type: Any = "", full_install: Any = False
+) -> list[Any]:
+    """[whether the node is golden, why or why not]."""
+    if manifest is not None and not isinstance(manifest, Mapping):
+        raise AnsibleFilterError("fast_path: pass the node's manifest as read back ({} when there is none)")
+    if not isinstance(versions_hash, str) or not versions_hash:
+        raise AnsibleFilterError("fast_path: pass the current pins' hash (gpuforge_versions_hash)")
+    golden, why = decide(
+        manifest,
+        versions_hash,
+        "" if instance_type is None else str(instance_type),
+        full_install=boolean(full_install, strict=False),
+    )
+    return [golden, why]
+
+
+class FilterModule:
+    """Ansible entry point."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"fast_path": fast_path}
