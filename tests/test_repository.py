@@ -8,14 +8,17 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+import sourcefile
 from gpuforge import versions
 from gpuforge.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
+versions_filters = sourcefile.load("versions_filters", "plugins/filter/versions.py")
 
 
 def test_requirements_yml_is_satisfied_by_the_pinned_ansible_package() -> None:
@@ -94,9 +97,60 @@ def test_versions_hash_changes_with_any_pin(tmp_path: Path) -> None:
     assert versions.load(path).digest != base.digest
 
 
-def test_role_and_cli_validate_pins_with_the_same_pattern() -> None:
+def _broken_pins() -> tuple[dict[str, Any], dict[str, Any], str]:
+    """versions.yml with one component per rule broken: (its data, the broken entries, one good name)."""
+    data = yaml.safe_load((REPO / "versions.yml").read_text())
+    pins = data["gpuforge_versions"]
+    good, *others = sorted(pins)
+    broken = {
+        others[0]: {"version": "latest"},  # not exact
+        others[1]: {"version": 12.8},  # a YAML float, not a version string
+        others[2]: {"floor": "999.0"},  # floor above the pin
+        others[3]: {"provided_by": "someone"},
+        others[4]: {"floor_reason": " "},
+    }
+    for name, change in broken.items():
+        pins[name].update(change)
+    return data, broken, good
+
+
+def test_the_roles_filter_names_each_pin_the_policy_forbids() -> None:
+    """load_data.yml's rules are the CLI's (plugins/module_utils/versions.py): each offender named."""
+    data, broken, _ = _broken_pins()
+    assert versions_filters.versions_bad_pins(data["gpuforge_versions"]) == sorted(broken)
+    assert (
+        versions_filters.versions_bad_pins(
+            yaml.safe_load((REPO / "versions.yml").read_text())["gpuforge_versions"]
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "number", "message"),
+    [("version", 999.5, "pin an exact version"), ("floor", 0.1, "needs a 'floor'")],
+)
+def test_the_cli_refuses_a_yaml_number_as_a_pin_as_the_roles_do(
+    tmp_path: Path, field: str, number: float, message: str
+) -> None:
+    """12.8 unquoted is a float: the roles always refused it; the CLI, which read it as "12.8", now too."""
+    data = yaml.safe_load((REPO / "versions.yml").read_text())
+    name = sorted(data["gpuforge_versions"])[0]
+    data["gpuforge_versions"][name][field] = number
+    path = tmp_path / "versions.yml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match=f"{name}.*{message}"):
+        versions.load(path)
+
+
+def test_the_roles_hash_the_pins_as_the_cli() -> None:
+    """The roles hash the pins as include_vars loads them; the digest is the CLI's, field for field."""
+    raw = yaml.safe_load((REPO / "versions.yml").read_text())["gpuforge_versions"]
+    assert versions_filters.versions_digest(raw) == versions.load().digest
     task = (REPO / "roles/gpuforge_common/tasks/load_data.yml").read_text()
-    assert f"set exact = '{versions.VERSION_PATTERN}'" in task
+    assert "gpuforge_versions | gpuforge.gpu.versions_digest" in task
+    assert "gpuforge_versions | gpuforge.gpu.versions_bad_pins" in task
+    assert "regex" not in task and "hash('sha256')" not in task  # no Jinja copy of the rules
 
 
 def test_aws_ofi_nccl_pin_is_the_release_the_pinned_efa_installer_bundles() -> None:
@@ -161,18 +215,7 @@ def test_the_disable_lookups_deprecation_is_amazon_aws_s_not_ours() -> None:
 
 def test_the_roles_refuse_each_pin_the_policy_forbids_and_name_it(tmp_path: Path) -> None:
     """gpuforge_common's load_data.yml applies gpuforge.versions' policy: every offending component named."""
-    data = yaml.safe_load((REPO / "versions.yml").read_text())
-    pins = data["gpuforge_versions"]
-    good, *others = sorted(pins)
-    broken = {
-        others[0]: {"version": "latest"},  # not exact
-        others[1]: {"version": 12.8},  # a YAML float, not a version string
-        others[2]: {"floor": "999.0"},  # floor above the pin
-        others[3]: {"provided_by": "someone"},
-        others[4]: {"floor_reason": " "},
-    }
-    for name, change in broken.items():
-        pins[name].update(change)
+    data, broken, good = _broken_pins()
     versions = tmp_path / "versions.yml"
     versions.write_text(yaml.safe_dump(data))
     extra = tmp_path / "extra.yml"
