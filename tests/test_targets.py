@@ -1,8 +1,9 @@
-"""Target instance types: the facts in data/instance_types.yml, gpuforge.targets, and the same
-decisions taken by roles/gpuforge_common (targets.yml) and roles/nvidia_driver's defaults.
-
-The Ansible half runs in one check-mode play on the control host (tests/localplay.py): a builder
-that is a g5.2xlarge (no NVSwitch) baking for p5.48xlarge must still get the fabric manager.
+"""Target instance types: the facts in data/instance_types.yml and the decisions taken from them,
+written once in the collection's plugins/module_utils/targets.py. The CLI (gpuforge.targets) and the
+roles (filters gpuforge.gpu.target_*, targets_*) call that one implementation; the cases below test it
+directly, and one check-mode play on the control host (tests/localplay.py) checks that gpuforge_common
+and nvidia_driver's defaults take the same decisions through the filters: a builder that is a
+g5.2xlarge (no NVSwitch) baking for p5.48xlarge must still get the fabric manager.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.gpuforge.gpu.plugins.module_utils import targets as rules
 
+import sourcefile
 from gpuforge import instance_types, targets, versions
 from gpuforge.errors import UserError
 from localplay import REPO, record, run_cases
@@ -128,9 +131,9 @@ def test_every_gpu_type_names_a_known_gpu_model_and_no_type_is_both_supported_an
     assert not set(cat.types) & set(cat.unsupported)
 
 
-# ---- the same decisions in Ansible ------------------------------------------------------------
+# ---- each decision, in the one implementation and through the roles -------------------------
 
-# case -> (builder instance type, targets, pins) ; pins None = versions.yml as it is.
+# case -> (builder instance type, targets given, pins)
 CASES: dict[str, tuple[str, list[str] | str, dict[str, str]]] = {
     "g5-builder-for-p5": ("g5.2xlarge", ["p5.48xlarge"], OLD_PINS),
     "g5-builder-for-g6e": ("g5.2xlarge", "g6e.48xlarge, p5.4xlarge", OLD_PINS),
@@ -143,6 +146,102 @@ CASES: dict[str, tuple[str, list[str] | str, dict[str, str]]] = {
 # Fleet nodes booted from an image: no targets given, the node's manifest records the image's.
 RECORDED = {"g5-node-of-a-p5-image": ["p5.48xlarge", "p5en.48xlarge"]}
 CASES["g5-node-of-a-p5-image"] = ("g5.2xlarge", [], OLD_PINS)
+
+# case -> (targets, fabric manager, nvlsm), or the words of the refusal.
+EXPECTED: dict[str, tuple[list[str], bool, bool] | str] = {
+    "g5-builder-for-p5": (["p5.48xlarge"], True, False),
+    "g5-builder-for-g6e": (["g6e.48xlarge", "p5.4xlarge"], False, False),
+    # data/instance_types.yml: p4d.24xlarge has NVSwitch (AWS, "Amazon EC2 P4d instances").
+    "fleet-node-own-type": (["p4d.24xlarge"], True, False),
+    "unknown": "unknown instance type 'p9.fake'; known types:",
+    "unsupported": "instance type 'p6e-gb200.36xlarge' is not supported: arm64",
+    "b200-old-pins": "p6-b200.48xlarge: the pinned driver 535.261.03 does not support its B200",
+    "b200-new-pins": (["p6-b200.48xlarge"], True, True),
+    "g5-node-of-a-p5-image": (["p5.48xlarge", "p5en.48xlarge"], True, False),
+}
+
+
+def _decide(case: str) -> tuple[list[str], bool, bool] | str:
+    """The one implementation's decisions for a case, as the roles' filters ask for them."""
+    builder, given, pins = CASES[case]
+    data = instance_types.data()
+    types = data["gpuforge_instance_types"]
+    names = rules.choose(given, RECORDED.get(case, []), builder, types)
+    refused = rules.refusals(
+        names,
+        types,
+        data["gpuforge_gpu_models"],
+        data["gpuforge_unsupported_instance_types"],
+        _pins(**pins).components,
+    )
+    if refused:
+        return "; ".join(refused)
+    return names, rules.nvswitch(names, types), rules.nvlink_subnet_manager(names, types)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_case_is_decided_once(case: str) -> None:
+    decided, expected = _decide(case), EXPECTED[case]
+    if isinstance(expected, str):
+        assert isinstance(decided, str) and expected in decided, decided
+        return
+    assert decided == expected
+    # The CLI resolves the same targets to the same needs (it imports the same rules).
+    resolved = targets.resolve(expected[0], _pins(**CASES[case][2]))
+    assert (list(resolved.names), resolved.nvswitch, resolved.nvlink_subnet_manager) == expected
+
+
+def test_the_cli_refuses_the_same_targets_in_the_same_words() -> None:
+    for case, expected in EXPECTED.items():
+        if isinstance(expected, str):
+            given = CASES[case][1]
+            with pytest.raises(UserError, match=expected.replace(".", r"\.").replace("(", r"\(")):
+                targets.resolve(rules.names(given), _pins(**CASES[case][2]))
+
+
+def test_targets_come_from_what_is_given_else_recorded_else_the_node_itself() -> None:
+    types = instance_types.data()["gpuforge_instance_types"]
+    assert rules.choose("p5.48xlarge, p5en.48xlarge,,p5.48xlarge", ["g6e.48xlarge"], "g5.2xlarge", types) == [
+        "p5.48xlarge",
+        "p5en.48xlarge",
+    ]
+    assert rules.choose([], ["p5.48xlarge"], "p4d.24xlarge", types) == ["p5.48xlarge"]
+    assert rules.choose(None, None, "p4d.24xlarge", types) == ["p4d.24xlarge"]
+    # An instance type data/instance_types.yml does not know is no target at all (health checks say why).
+    assert rules.choose("", [], "t3.micro", types) == []
+
+
+def test_the_target_filters_are_the_one_implementation() -> None:
+    """The roles' entry points hand their inputs to module_utils.targets unchanged."""
+    filters = sourcefile.load("target_types", "plugins/filter/target_types.py").FilterModule().filters()
+    data = instance_types.data()
+    types, models = data["gpuforge_instance_types"], data["gpuforge_gpu_models"]
+    names = ["p5.48xlarge", "g6e.48xlarge", "p6-b200.48xlarge"]
+    assert filters["targets_nvswitch"](names, types) is rules.nvswitch(names, types) is True
+    assert filters["targets_nvlink_subnet_manager"](["p5.48xlarge"], types) is False
+    assert filters["efa_targets"]([*names, "g6.xlarge"], types) == rules.efa(names, types) == names
+    assert filters["targets_needing_open_modules"](names, types, models) == ["p6-b200.48xlarge"]
+    assert filters["target_names"]("", ["p5.48xlarge"], "g5.2xlarge", types) == ["p5.48xlarge"]
+    refused = filters["target_refusals"](
+        ["p6-b200.48xlarge"], types, models, {}, _pins(**OLD_PINS).components
+    )
+    assert refused == rules.problems("p6-b200.48xlarge", types, models, _pins(**OLD_PINS).components)
+    assert len(refused) == 4
+
+
+def test_no_role_keeps_a_jinja_copy_of_the_target_decisions() -> None:
+    """The decisions live in plugins/module_utils only: no role computes them in Jinja or publishes
+    them as play-wide facts."""
+    gone = (
+        "gpuforge_targets_nvswitch",
+        "gpuforge_targets_nvlink_subnet_manager",
+    )
+    for path in sorted((REPO / "roles").rglob("*.yml")):
+        text = path.read_text()
+        for name in gone:
+            assert name not in text, f"{path.relative_to(REPO)} still uses {name}"
+    rules_text = (REPO / "roles/gpuforge_common/tasks/targets.yml").read_text()
+    assert "gpuforge.gpu.target_refusals" in rules_text and "{%" not in rules_text
 
 
 def _versions_file(directory: Path, pins: dict[str, str]) -> Path:
@@ -199,24 +298,14 @@ def ansible_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_ansible_and_python_take_the_same_decision(ansible_results: dict[str, Any], case: str) -> None:
-    builder, names, pins = CASES[case]
-    result = ansible_results[case]
-    wanted = (
-        [n.strip() for n in names.split(",")]
-        if isinstance(names, str)
-        else names or RECORDED.get(case, [builder])
-    )
-    try:
-        resolved = targets.resolve(wanted, _pins(**pins))
-    except UserError as exc:
-        # Refused in both, naming the type.
+def test_the_roles_take_each_decision_through_the_filters(ansible_results: dict[str, Any], case: str) -> None:
+    result, expected = ansible_results[case], EXPECTED[case]
+    if isinstance(expected, str):
+        # Refused, naming the type, in the one implementation's words.
         assert isinstance(result, str), result
-        assert wanted[0] in result and wanted[0] in str(exc)
+        assert expected in result, result
         return
-    assert result["targets"] == list(resolved.names)
-    assert result["fabricmanager"] is resolved.nvswitch
-    assert result["nvlsm"] is resolved.nvlink_subnet_manager
+    assert (result["targets"], result["fabricmanager"], result["nvlsm"]) == expected
 
 
 @pytest.mark.slow
@@ -227,6 +316,7 @@ def test_a_g5_builder_baking_for_p5_installs_the_fabric_manager(ansible_results:
     # A converge on a node of a p5 image keeps the image's targets (and so its fabric manager).
     assert ansible_results["g5-node-of-a-p5-image"]["targets"] == RECORDED["g5-node-of-a-p5-image"]
     assert ansible_results["g5-node-of-a-p5-image"]["fabricmanager"] is True
-    assert "unknown target instance type p9.fake" in ansible_results["unknown"]
-    assert "p6e-gb200.36xlarge is not supported: arm64" in ansible_results["unsupported"]
+    # The words are the one implementation's (module_utils.targets.refusal), as the CLI says them.
+    assert "unknown instance type 'p9.fake'" in ansible_results["unknown"]
+    assert "'p6e-gb200.36xlarge' is not supported: arm64" in ansible_results["unsupported"]
     assert "p6-b200.48xlarge: the pinned driver 535.261.03" in ansible_results["b200-old-pins"]

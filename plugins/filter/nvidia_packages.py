@@ -91,24 +91,10 @@ def nvidia_driver_packages(
     }
 
 
-def targets_needing_open_modules(
-    targets: Any, instance_types: dict[str, Any], gpu_models: dict[str, Any]
-) -> list[str]:
-    """The target instance types whose GPU model runs only on NVIDIA's open kernel modules (its row in
-    data/instance_types.yml says `kernel_module: open`: Blackwell)."""
-    found = []
-    for name in targets or []:
-        model = (instance_types.get(name) or {}).get("gpu_model") or ""
-        if (gpu_models.get(model) or {}).get("kernel_module") == "open":
-            found.append(str(name))
-    return found
-
-
 class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "nvidia_driver_packages": nvidia_driver_packages,
-            "targets_needing_open_modules": targets_needing_open_modules,
         }

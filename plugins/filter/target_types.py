@@ -1,25 +1,66 @@
-"""Ansible filter gpuforge.gpu.efa_targets: which of an image's target instance types have EFA.
+"""Ansible filters for the decisions taken from an image's target instance types.
 
-A decision that several roles need from data/instance_types.yml (aws_ofi_nccl refuses to leave an
-image for such a type without the plugin: NCCL would fall back to TCP sockets there).
+The rules are in plugins/module_utils/targets.py (which the CLI imports too); these are its entry
+points for the roles, each documented in the .yml of its name beside this file:
+
+- target_names: the types a node's software is for (given, else recorded, else its own);
+- target_refusals: why those types cannot be served (unknown, unsupported, or beyond the pins);
+- targets_nvswitch / targets_nvlink_subnet_manager: whether the image needs the fabric manager
+  (and libnvidia-nscq) / NVIDIA's NVLink subnet manager;
+- efa_targets: the types that have EFA (the aws-ofi-nccl plugin is required for them);
+- targets_needing_open_modules: the types whose GPU runs only on NVIDIA's open kernel modules.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.gpuforge.gpu.plugins.module_utils import targets
 
-def efa_targets(targets: Any, instance_types: dict[str, Any]) -> list[str]:
-    """The names in `targets` whose row in gpuforge_instance_types promises one or more EFA interfaces."""
-    return [
-        str(name)
-        for name in targets or []
-        if int((instance_types.get(name) or {}).get("efa_interfaces") or 0) > 0
-    ]
+
+def target_names(
+    given: Any, recorded: Any = None, own_type: Any = None, instance_types: Any = None
+) -> list[str]:
+    """gpuforge.gpu.target_names: see module_utils.targets.choose."""
+    return targets.choose(given, recorded, own_type, instance_types or {})
+
+
+def target_refusals(
+    names: Any, instance_types: Any, gpu_models: Any, unsupported: Any, versions: Any
+) -> list[str]:
+    """gpuforge.gpu.target_refusals: see module_utils.targets.refusals."""
+    return targets.refusals(names or [], instance_types, gpu_models or {}, unsupported or {}, versions)
+
+
+def targets_nvswitch(names: Any, instance_types: Any) -> bool:
+    """gpuforge.gpu.targets_nvswitch: see module_utils.targets.nvswitch."""
+    return targets.nvswitch(names or [], instance_types or {})
+
+
+def targets_nvlink_subnet_manager(names: Any, instance_types: Any) -> bool:
+    """gpuforge.gpu.targets_nvlink_subnet_manager: see module_utils.targets.nvlink_subnet_manager."""
+    return targets.nvlink_subnet_manager(names or [], instance_types or {})
+
+
+def efa_targets(names: Any, instance_types: Any) -> list[str]:
+    """gpuforge.gpu.efa_targets: see module_utils.targets.efa."""
+    return targets.efa(names or [], instance_types or {})
+
+
+def targets_needing_open_modules(names: Any, instance_types: Any, gpu_models: Any) -> list[str]:
+    """gpuforge.gpu.targets_needing_open_modules: see module_utils.targets.open_modules."""
+    return targets.open_modules(names or [], instance_types or {}, gpu_models or {})
 
 
 class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Any]:
-        return {"efa_targets": efa_targets}
+        return {
+            "target_names": target_names,
+            "target_refusals": target_refusals,
+            "targets_nvswitch": targets_nvswitch,
+            "targets_nvlink_subnet_manager": targets_nvlink_subnet_manager,
+            "efa_targets": efa_targets,
+            "targets_needing_open_modules": targets_needing_open_modules,
+        }

@@ -1,4 +1,8 @@
-"""Hardware facts per instance type from data/instance_types.yml."""
+"""Hardware facts per instance type from data/instance_types.yml.
+
+Which types gpuforge builds for, and the words of a refusal, are the collection's
+plugins/module_utils/targets.py (the roles use the same through filters).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible_collections.gpuforge.gpu.plugins.module_utils import targets as target_rules
 
 from gpuforge import paths
 from gpuforge.errors import UserError
@@ -70,14 +75,24 @@ def _instance_type(name: str, facts: dict[str, Any]) -> InstanceType:
 
 
 @cache
+def data(path: Path | None = None) -> dict[str, Any]:
+    """data/instance_types.yml as the roles load it (gpuforge_instance_types, gpuforge_gpu_models,
+    gpuforge_unsupported_instance_types), for the collection's target rules."""
+    loaded = yaml.safe_load((path or paths.instance_types_file()).read_text()) or {}
+    return {
+        "gpuforge_instance_types": loaded.get("gpuforge_instance_types") or {},
+        "gpuforge_gpu_models": loaded.get("gpuforge_gpu_models") or {},
+        "gpuforge_unsupported_instance_types": loaded.get("gpuforge_unsupported_instance_types") or {},
+    }
+
+
+@cache
 def catalog(path: Path | None = None) -> Catalog:
-    data = yaml.safe_load((path or paths.instance_types_file()).read_text())
+    rows = data(path)
     return Catalog(
-        types={name: _instance_type(name, dict(f)) for name, f in data["gpuforge_instance_types"].items()},
-        gpu_models={
-            name: GpuModel(name=name, **f) for name, f in data.get("gpuforge_gpu_models", {}).items()
-        },
-        unsupported={str(k): str(v) for k, v in data.get("gpuforge_unsupported_instance_types", {}).items()},
+        types={name: _instance_type(name, dict(f)) for name, f in rows["gpuforge_instance_types"].items()},
+        gpu_models={name: GpuModel(name=name, **f) for name, f in rows["gpuforge_gpu_models"].items()},
+        unsupported={str(k): str(v) for k, v in rows["gpuforge_unsupported_instance_types"].items()},
     )
 
 
@@ -87,11 +102,10 @@ def all_types(path: Path | None = None) -> dict[str, InstanceType]:
 
 def get(name: str, path: Path | None = None) -> InstanceType:
     """Facts for one type; an unsupported or unknown type is a user error saying why."""
-    cat = catalog(path)
-    try:
-        return cat.types[name]
-    except KeyError:
-        if name in cat.unsupported:
-            raise UserError(f"instance type {name!r} is not supported: {cat.unsupported[name]}") from None
-        known = ", ".join(sorted(cat.types))
-        raise UserError(f"unknown instance type {name!r}; known types: {known}") from None
+    rows = data(path)
+    refused = target_rules.refusal(
+        name, rows["gpuforge_instance_types"], rows["gpuforge_unsupported_instance_types"]
+    )
+    if refused:
+        raise UserError(refused)
+    return catalog(path).types[name]

@@ -2,17 +2,19 @@
 
 Every hardware-dependent install decision of a bake (fabric manager and libnvidia-nscq, the NVLink
 subnet manager, which GPUs the driver branch and CUDA must support, the aws-ofi-nccl/NCCL releases a
-type needs) is taken from these targets, never from the builder the bake happens to run on.
-roles/gpuforge_common/tasks/targets.yml is the Ansible reader of the same facts; a test runs both on
-the same cases.
+type needs) is taken from these targets, never from the builder the bake happens to run on. The rules
+are the collection's plugins/module_utils/targets.py, which the roles call through filters; this
+module adds what only the CLI needs (the option's parsing, the image tag, the UserError).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from ansible_collections.gpuforge.gpu.plugins.module_utils import targets as rules
 
 from gpuforge import instance_types, versions
 from gpuforge.errors import UserError
@@ -31,18 +33,9 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 _TAG_VALUE_MAX = 256
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    """Numeric fields of a release ('570.133.20' -> (570, 133, 20)); a packaging suffix is ignored."""
-    return tuple(int(part) for part in re.findall(r"\d+", version.split("-")[0]))
-
-
 def parse(text: str) -> tuple[str, ...]:
     """'p5.48xlarge, p5en.48xlarge' -> the names in order, once each; empty is a user error."""
-    names: list[str] = []
-    for raw in text.split(","):
-        name = raw.strip()
-        if name and name not in names:
-            names.append(name)
+    names = rules.names(text)
     if not names:
         raise UserError("--target-instance-types needs at least one instance type, such as p5.48xlarge")
     return tuple(names)
@@ -50,57 +43,34 @@ def parse(text: str) -> tuple[str, ...]:
 
 def problems(itype: InstanceType, manifest: versions.Manifest, path: Path | None = None) -> list[str]:
     """Why the pinned stack cannot serve itype (empty when it can)."""
-    found: list[str] = []
-    cat = instance_types.catalog(path)
-    if itype.gpus > 0:
-        model = cat.gpu_models.get(itype.gpu_model or "")
-        if model is None:
-            found.append(
-                f"{itype.name}: its GPU model {itype.gpu_model!r} has no row in gpuforge_gpu_models "
-                "(data/instance_types.yml), so gpuforge cannot tell which driver supports it"
-            )
-        else:
-            pins = (
-                ("nvidia_driver", model.min_driver, "driver"),
-                ("cuda", model.min_cuda, "CUDA"),
-            )
-            for component, minimum, what in pins:
-                pinned = manifest.version(component)
-                if minimum and version_key(pinned) < version_key(minimum):
-                    found.append(
-                        f"{itype.name}: the pinned {what} {pinned} does not support its {model.name} "
-                        f"({model.architecture}, compute capability {model.compute_capability}); "
-                        f"it needs {minimum} or later (versions.yml {component})"
-                    )
-    plugin = itype.aws_ofi_nccl
-    if plugin is not None:
-        for component, minimum in (("aws_ofi_nccl", plugin.min_version), ("nccl", plugin.min_nccl)):
-            pinned = manifest.version(component)
-            if minimum and version_key(pinned) < version_key(minimum):
-                found.append(
-                    f"{itype.name}: the pinned {component} {pinned} is older than the {minimum} the "
-                    f"aws-ofi-nccl platform settings for this type need (versions.yml {component})"
-                )
-    return found
+    data = instance_types.data(path)
+    return rules.problems(
+        itype.name, data["gpuforge_instance_types"], data["gpuforge_gpu_models"], manifest.components
+    )
 
 
 @dataclass(frozen=True)
 class Targets:
     types: tuple[InstanceType, ...]
+    # The data/instance_types.yml the types come from (None: the collection's).
+    path: Path | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.types)
 
+    def _rows(self) -> dict[str, Any]:
+        return dict(instance_types.data(self.path)["gpuforge_instance_types"])
+
     @property
     def nvswitch(self) -> bool:
         """Some target has NVSwitch: the image needs the fabric manager and libnvidia-nscq."""
-        return any(t.nvswitch for t in self.types)
+        return rules.nvswitch(self.names, self._rows())
 
     @property
     def nvlink_subnet_manager(self) -> bool:
         """Some target has fourth-generation NVSwitch: the image needs nvlsm too."""
-        return any(t.nvlink_subnet_manager for t in self.types)
+        return rules.nvlink_subnet_manager(self.names, self._rows())
 
     @property
     def tag_value(self) -> str:
@@ -116,18 +86,23 @@ class Targets:
 def resolve(names: Iterable[str], manifest: versions.Manifest, path: Path | None = None) -> Targets:
     """Facts for each named type, refused (UserError naming the type) when unknown, unsupported, or
     not served by the pinned driver/CUDA/aws-ofi-nccl/NCCL."""
-    types = tuple(instance_types.get(name, path) for name in names)
-    if not types:
+    wanted = list(names)
+    if not wanted:
         raise UserError("an image needs at least one target instance type")
-    found = [p for t in types for p in problems(t, manifest, path)]
+    data = instance_types.data(path)
+    known, unsupported = data["gpuforge_instance_types"], data["gpuforge_unsupported_instance_types"]
+    refused = rules.unknown(wanted, known, unsupported)
+    if refused:
+        raise UserError("; ".join(refused))
+    found = rules.refusals(wanted, known, data["gpuforge_gpu_models"], unsupported, manifest.components)
     if found:
         raise UserError(
             "the pinned versions cannot serve these target instance types:\n  " + "\n  ".join(found)
         )
-    targets = Targets(types)
+    targets = Targets(tuple(instance_types.get(name, path) for name in wanted), path)
     if len(targets.tag_value) > _TAG_VALUE_MAX:
         raise UserError(
-            f"{len(types)} target instance types do not fit one image tag ({_TAG_VALUE_MAX} characters); "
+            f"{len(wanted)} target instance types do not fit one image tag ({_TAG_VALUE_MAX} characters); "
             "bake separate images for fewer types each"
         )
     return targets
