@@ -1,6 +1,7 @@
-"""The NCCL range of an aws-ofi-nccl release (data/aws_ofi_nccl.yml), answered by the Python module
-(gpuforge.ofi_nccl) and by the roles' tasks file (roles/gpuforge_common/tasks/ofi_nccl_range.yml) over
-the same cases, and the nccl role's adopt-or-install decision taken against the plugin in use.
+"""The NCCL range of an aws-ofi-nccl release (data/aws_ofi_nccl.yml), written once in the collection's
+plugins/module_utils/ofi_nccl.py: the CLI (gpuforge.ofi_nccl) and the roles (filter
+gpuforge.gpu.ofi_nccl_range) call it; the cases test it directly, and the nccl role's adopt-or-install
+decision is run against the plugin in use.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+import sourcefile
 from gpuforge import ofi_nccl, policy, versions
 from localplay import record, run_cases
 
@@ -91,39 +93,24 @@ def _run_with_table(work: Path, cases: dict[str, list[dict[str, Any]]], **extra:
     return run_cases(work, cases, {"gpuforge_common_imds_enabled": False, **extra, **table})
 
 
-def _range_cases() -> dict[str, list[dict[str, Any]]]:
-    cases: dict[str, list[dict[str, Any]]] = {}
-    for case, (plugin, nccl, *_) in CASES.items():
-        cases[case] = [
-            {
-                "ansible.builtin.include_role": {
-                    "name": "gpuforge.gpu.gpuforge_common",
-                    "tasks_from": "ofi_nccl_range.yml",
-                },
-                "vars": {"gpuforge_common_ofi_nccl_release": plugin, "gpuforge_common_ofi_nccl_nccl": nccl},
-            },
-            record(f"range:{case}", "{{ gpuforge_ofi_nccl_range }}"),
-        ]
-    return cases
-
-
-@pytest.fixture(scope="module")
-def role_results(plays: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return plays["range"]
-
-
 @pytest.mark.parametrize("case", list(CASES))
-def test_role_and_python_agree(role_results: dict[str, Any], case: str) -> None:
-    found = _python(case)
-    nccl = CASES[case][1]
-    assert role_results[case] == {
-        "plugin": found.plugin,
-        "row": found.row,
-        "nccl_min": found.nccl_min,
-        "nccl_tested_max": found.nccl_tested_max,
-        "note": found.note,
-        "outside": found.check(nccl),
+def test_the_filter_describes_each_case(case: str) -> None:
+    """What the roles get (gpuforge.gpu.ofi_nccl_range): the range, its note, and `outside` for the
+    NCCL given, from the one implementation."""
+    plugin, nccl, row, inside, noted = CASES[case]
+    filters = sourcefile.load("ofi_nccl_range", "plugins/filter/ofi_nccl_range.py").FilterModule().filters()
+    table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())[ofi_nccl.TABLE_KEY]
+    found = filters["ofi_nccl_range"](plugin, table, nccl=nccl)
+    assert found == {
+        "plugin": plugin,
+        "row": row,
+        "nccl_min": table[row]["nccl_min"] if row else "",
+        "nccl_tested_max": table[row]["nccl_tested_max"] if row else "",
+        "note": _python(case).note,
+        "outside": _python(case).check(nccl),
     }
+    assert (found["outside"] == "") is inside
+    assert bool(found["note"]) is noted
 
 
 # Which plugin release the nccl role checks NCCL against (roles/nccl/tasks/plugin_range.yml as shipped):
@@ -209,14 +196,14 @@ def pairs(plays: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def plays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """The three tables' cases in one play (one ansible-playbook run instead of three).
+    """The two tables' cases in one play (one ansible-playbook run instead of two).
 
     Each case sets the play state it reads (gpuforge_ofi_nccl_range, gpuforge_reality) first, and the
     in-use cases, the only ones that read the pin (gpuforge_versions) or register anything, run last,
     as they did in a play of their own.
     """
     root = tmp_path_factory.mktemp("ofi-nccl")
-    tables = {"range": _range_cases(), "pairs": _pair_cases(), "in_use": _in_use_cases(root)}
+    tables = {"pairs": _pair_cases(), "in_use": _in_use_cases(root)}
     cases = {
         f"{table}:{case}": tasks
         for table, table_cases in tables.items()

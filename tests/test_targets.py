@@ -229,12 +229,14 @@ def test_the_target_filters_are_the_one_implementation() -> None:
     assert len(refused) == 4
 
 
-def test_no_role_keeps_a_jinja_copy_of_the_target_decisions() -> None:
+def test_no_role_keeps_a_jinja_copy_of_the_target_or_range_decisions() -> None:
     """The decisions live in plugins/module_utils only: no role computes them in Jinja or publishes
-    them as play-wide facts."""
+    them as play-wide facts, and gpuforge_common has no entry point for the NCCL range."""
+    assert not (REPO / "roles/gpuforge_common/tasks/ofi_nccl_range.yml").exists()
     gone = (
         "gpuforge_targets_nvswitch",
         "gpuforge_targets_nvlink_subnet_manager",
+        "tasks_from: ofi_nccl_range",
     )
     for path in sorted((REPO / "roles").rglob("*.yml")):
         text = path.read_text()
