@@ -396,6 +396,7 @@ def test_scheduled_workflow_runs_rebuild_canary_promote_in_that_order() -> None:
     parser.parse_args(["rebuild", "--flavor", "dlami", "--if-stale", "--candidate"])
     argv = ["canary", "--flavor", "dlami", "--ami", "ami-0123456789abcdef0", "--instance-type", TYPE]
     argv += ["--count", "2", "--instance-profile", PROFILE, "--results-bucket", BUCKET, "--out", "d"]
+    argv += ["--boot-timeout", "1200", "--command-timeout", "2400"]
     argv += [
         "--subnet-id",
         "s",
