@@ -21,7 +21,7 @@ POLICY_RC_D ?= /usr/sbin/policy-rc.d
 APT_GET ?= apt-get
 APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg curl gcc packer prometheus shellcheck
 
-PY_SOURCES := scripts tests molecule bench plugins
+PY_SOURCES := scripts lab tests molecule bench plugins
 
 .PHONY: help setup lab-rootfs demo test lint pytest molecule lab-down clean
 
@@ -47,28 +47,30 @@ $(STAMPS)/apt:
 	DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null
 	touch $@
 
-$(STAMPS)/venv: pyproject.toml requirements/constraints.txt
+$(STAMPS)/venv: pyproject.toml lab/pyproject.toml requirements/constraints.txt
 	@mkdir -p $(STAMPS)
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	# --no-compile: byte-compiling every installed file (the ansible package alone bundles thousands
 	# of collection modules) doubled the install's time; Python compiles what is imported, once.
-	$(VENV)/bin/pip install -q --no-compile -c requirements/constraints.txt -e '.[dev]'
+	# ./lab is the checkout's test doubles (gpuforge-lab: the lab, the artifact server, bench helpers), a
+	# project of its own so that the gpuforge wheel carries only the product.
+	$(VENV)/bin/pip install -q --no-compile -c requirements/constraints.txt -e '.[dev]' -e ./lab
 	touch $@
 
 # The Debian tree every lab host boots from (cached under GPUFORGE_CACHE_DIR, built once per
-# recipe; `gpuforge lab up` builds it otherwise). Standard library only, so `make -j2 setup lab-rootfs`
+# recipe; `gpuforge-lab up` builds it otherwise). Standard library only, so `make -j2 setup lab-rootfs`
 # builds it while pip installs the virtualenv.
 lab-rootfs: $(STAMPS)/apt
-	PYTHONPATH=scripts python3 -m gpuforge.lab.rootfs
+	PYTHONPATH=scripts:lab python3 -m gpuforge_lab.rootfs
 
 demo: setup lab-rootfs
-	gpuforge lab down --name $(DEMO_LAB)
-	gpuforge lab up --name $(DEMO_LAB) --nodes $(DEMO_NODES) --moto-port $(DEMO_MOTO_PORT)
+	gpuforge-lab down --name $(DEMO_LAB)
+	gpuforge-lab up --name $(DEMO_LAB) --nodes $(DEMO_NODES) --moto-port $(DEMO_MOTO_PORT)
 	# The lab cannot reach NVIDIA's repositories: tests/fixtures/nvidia/prepare.yml builds signed
 	# TEST-FIXTURE stand-ins on the hosts, and the lab group's group_vars (inventory/group_vars/
 	# gpuforge_lab/) point the NVIDIA roles at them and the EFA and PyTorch roles at the lab's
 	# artifact server. So site.yml runs on the lab as it runs on a fleet, with no extra variables.
-	lab_env=$$(gpuforge lab env --name $(DEMO_LAB)) && eval "$$lab_env" && \
+	lab_env=$$(gpuforge-lab env --name $(DEMO_LAB)) && eval "$$lab_env" && \
 	  ansible-inventory --graph --flush-cache && \
 	  ansible all -m ansible.builtin.ping && \
 	  ansible-playbook tests/fixtures/nvidia/prepare.yml && \
@@ -104,7 +106,7 @@ molecule: setup
 	done
 
 lab-down:
-	gpuforge lab down --name $(DEMO_LAB)
+	gpuforge-lab down --name $(DEMO_LAB)
 
 clean: lab-down
 	rm -rf $(VENV) .cache

@@ -13,7 +13,7 @@ site.yml again (the idempotent rerun, which must report changed=0). Configuratio
 
 Every configuration gets its own empty fact cache, so nothing measured leans on an earlier run.
 Hosts start from plain Debian 12 (site.yml installs the whole stack), or with --golden from a
-golden image baked once at the start (`gpuforge bake --local --save-image`, for the lab's head and
+golden image baked once at the start (`gpuforge-lab bake --save-image`, for the lab's head and
 compute instance types; not part of the figures, bench/readiness.py times it): the production
 shape, where ParallelCluster starts every node from the golden AMI and site.yml then configures
 it. Golden hosts take the golden fast path (docs/manifest.md); the "fast path" column counts the
@@ -33,9 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpuforge.bench import labrun
-from gpuforge.bench.timing import load_average, run_timed, table
 from gpuforge.errors import ExternalError
+from gpuforge_lab.bench import labrun
+from gpuforge_lab.bench.timing import load_average, run_timed, table
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -174,7 +174,7 @@ def main() -> int:
                         rows.append(measure_row(nodes, name, env, tmp, args.playbook, image, args.profile))
         finally:
             if image:
-                labrun.gpuforge("lab", "image", "rm", image)
+                labrun.gpuforge_lab("image", "rm", image)
     print(f"\nload after: {load_average()}\n")
     base = {(r[0], r[1]): r for r in rows}
     out_rows = []

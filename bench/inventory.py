@@ -4,10 +4,10 @@
 For each --instances size, one run:
 
 1. setup: starts its own moto_server (the EC2 test double) on a free loopback port and creates a
-   ParallelCluster-shaped fleet of that many running hosts (gpuforge.bench.ec2fleet: two clusters,
+   ParallelCluster-shaped fleet of that many running hosts (gpuforge_lab.bench.ec2fleet: two clusters,
    1 head node each, four fifths p5.48xlarge with 32 network interfaces, one fifth p4d.24xlarge
    with 4, six subnets) with RunInstances MaxCount batches of --batch (a reservation each);
-2. moto's own time: a recording proxy (gpuforge.bench.replay, its own process) sits between every
+2. moto's own time: a recording proxy (gpuforge_lab.bench.replay, its own process) sits between every
    client and moto. The first pass of each kind of request goes to moto and is timed there (the
    "moto" rows); every timed case after that is answered from the proxy's memory, so the figures
    are the clients' own work (HTTP on loopback, XML parsing, Ansible) and not the emulator's;
@@ -50,10 +50,10 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from gpuforge.bench import ec2fleet
-from gpuforge.bench.replay import STATS_PATH
-from gpuforge.bench.timing import Sample, load_average, run_timed, table, time_call
-from gpuforge.lab.moto import HOST, MotoServer, free_port
+from gpuforge_lab.bench import ec2fleet
+from gpuforge_lab.bench.replay import STATS_PATH
+from gpuforge_lab.bench.timing import Sample, load_average, run_timed, table, time_call
+from gpuforge_lab.moto import HOST, MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -108,7 +108,7 @@ def start_replay(upstream: str, log: Path) -> tuple[subprocess.Popen[bytes], str
     port = free_port()
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuforge.bench.replay", "--port", str(port), "--upstream", upstream],
+            [sys.executable, "-m", "gpuforge_lab.bench.replay", "--port", str(port), "--upstream", upstream],
             stdout=out,
             stderr=subprocess.STDOUT,
         )

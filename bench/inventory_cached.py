@@ -3,7 +3,7 @@
 
 bench/inventory.py needs moto to describe the fleet (minutes at 5,000 hosts). This script writes the
 plugin's jsonfile cache directly: for each --instances size it builds the describe_instances answer
-of gpuforge.bench.ec2fleet's fleet shape (two clusters, a head node each, four fifths p5.48xlarge
+of gpuforge_lab.bench.ec2fleet's fleet shape (two clusters, a head node each, four fifths p5.48xlarge
 with 32 interfaces, one fifth p4d.24xlarge, six zones) in memory, reduces each instance with the
 plugin's own `record()` (what `_describe` caches), stores the records under the plugin's cache key
 and times `ansible-inventory -i ec2_fleet.yml --list` --repeat times. The endpoint points at a closed
@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpuforge.bench import ec2fleet
-from gpuforge.bench.timing import Sample, load_average, run_timed, table
+from gpuforge_lab.bench import ec2fleet
+from gpuforge_lab.bench.timing import Sample, load_average, run_timed, table
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

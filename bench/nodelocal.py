@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SSH fan-out vs node-local configuration, side by side in one run (issue 29, item 5).
 
-One golden lab image (`gpuforge bake --local --save-image` for the lab's two instance types, as
+One golden lab image (`gpuforge-lab bake --save-image` for the lab's two instance types, as
 bench/fleet.py --golden bakes it; not in the figures), then three fresh labs booted from it:
 
 a. SSH fan-out (lab `nlssh`, N hosts): `ansible-playbook site.yml --tags configure` from this
@@ -40,10 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuforge.bench import labrun, nodecost
-from gpuforge.bench.timing import load_average, run_timed, table
 from gpuforge.errors import ExternalError
-from gpuforge.lab import cgroup, host, state
+from gpuforge_lab import cgroup, host, state
+from gpuforge_lab.bench import labrun, nodecost
+from gpuforge_lab.bench.timing import load_average, run_timed, table
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -369,7 +369,7 @@ def main() -> int:
             print(f"  boot: {boot}", flush=True)
         finally:
             if not args.image:
-                labrun.gpuforge("lab", "image", "rm", image)
+                labrun.gpuforge_lab("image", "rm", image)
     print(f"\nload after: {load_average()}\n")
     print(report(args, ssh, local, boot))
     return 0 if ssh.ok and local.ok and boot.ok else 1

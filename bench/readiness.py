@@ -5,10 +5,10 @@ What a new node costs before it can take jobs, both ways, with the same command 
 (`ansible-playbook site.yml`: install what is missing, then configure Slurm, NCCL and health):
 
 1. image: a 1-host lab (`rdbake`) gets the NVIDIA test fixtures and is baked with
-   `gpuforge bake --local --save-image` (the real Packer build, sanitizer included). Timed once:
+   `gpuforge-lab bake --save-image` (the real Packer build, sanitizer included). Timed once:
    it is what the image costs, paid per image, not per node.
 2. bare: for each fleet size N, a fresh N-host lab (`rdbare`) from plain Debian 12.
-3. golden: a fresh N-host lab (`rdgold`) booted from that image (`gpuforge lab up --image`).
+3. golden: a fresh N-host lab (`rdgold`) booted from that image (`gpuforge-lab up --image`).
 
 For 2 and 3: `lab up` (timed: boot until every host answers SSH), the NVIDIA fixtures (untimed:
 the lab's stand-in for NVIDIA's repositories, which a real node reaches over the network), then
@@ -30,10 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpuforge.bench import labrun
-from gpuforge.bench.timing import load_average, run_timed, table
 from gpuforge.errors import ExternalError
-from gpuforge.lab import state
+from gpuforge_lab import state
+from gpuforge_lab.bench import labrun
+from gpuforge_lab.bench.timing import load_average, run_timed, table
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -49,7 +49,7 @@ def cache_size() -> str:
 def measure(nodes: int, variant: str, image: str | None) -> list[object]:
     name = "rdgold" if image else "rdbare"
     up_seconds, out = run_timed(
-        [str(BIN / "gpuforge"), "lab", "up", "--name", name, "--nodes", str(nodes), "--json"]
+        [str(BIN / "gpuforge-lab"), "up", "--name", name, "--nodes", str(nodes), "--json"]
         + (["--image", image] if image else []),
         cwd=REPO,
     )
@@ -121,7 +121,7 @@ def main() -> int:
                         flush=True,
                     )
         finally:
-            labrun.gpuforge("lab", "image", "rm", image)
+            labrun.gpuforge_lab("image", "rm", image)
     print(f"\nload after: {load_average()}; package cache: {cache_size()}\n")
     bare = {r[0]: r for r in rows if r[1] == "bare"}
     out_rows = []

@@ -1,5 +1,5 @@
 # The golden AMI build: one amazon-ebs source for both base flavors and a null source that runs
-# the very same provisioners over SSH against a lab host (gpuforge bake --local).
+# the very same provisioners over SSH against a lab host (gpuforge-lab bake).
 # Plugin and Packer version requirements live in plugins.pkr.hcl.modern (see docs/ami-pipeline.md),
 # because Packer 1.6 rejects required_plugins.
 

@@ -213,7 +213,7 @@ variable "ansible_extra_vars_file" {
 variable "lab_host" {
   type        = string
   default     = "127.0.0.1"
-  description = "Lab host for the null source (gpuforge bake --local takes it from `gpuforge lab status`)."
+  description = "Lab host for the null source (gpuforge-lab bake takes it from `gpuforge-lab status`)."
 }
 
 variable "lab_port" {

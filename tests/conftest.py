@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 import iamaudit
 import labtools
 from gpuforge import aws as gpuforge_aws
-from gpuforge.lab.moto import MotoServer, free_port
+from gpuforge_lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mo
 def fleet_lab() -> Iterator[dict[str, str]]:
     """A 2-host lab with emulated EC2, shared by the tests that run playbooks on a fleet.
 
-    Yields the environment (`gpuforge lab env`) that points Ansible and boto3 at it.
+    Yields the environment (`gpuforge-lab env`) that points Ansible and boto3 at it.
     """
     if os.geteuid() != 0 or not shutil.which("systemd-nspawn"):
         pytest.skip("the lab needs root and systemd-nspawn (apt-get install systemd-container)")

@@ -1,6 +1,6 @@
 """One lab golden image per tree, baked once and shared by every lab test that boots from it.
 
-`shared_golden_image()` runs what tests/test_ami_local_bake.py checks (`gpuforge bake --local
+`shared_golden_image()` runs what tests/test_ami_local_bake.py checks (`gpuforge-lab bake
 --save-image` on a builder lab prepared with the NVIDIA test fixtures, the pytorch role pointed at
 the TEST DOUBLE of its wheel) at most once per tree on this machine: CI runs the lab modules as
 phases side by side, and a module that boots golden hosts (test_fleet_lab, test_partial_failure_lab)
@@ -29,8 +29,8 @@ from typing import Any
 
 import labtools
 import torchdouble
-from gpuforge.lab import images as lab_images
-from gpuforge.lab import rootfs as lab_rootfs
+from gpuforge_lab import images as lab_images
+from gpuforge_lab import rootfs as lab_rootfs
 
 PREFIX = "pytest-golden-"
 # What the bake is made from: the pins, the roles and playbooks it runs, Packer's template and
@@ -134,7 +134,7 @@ def _remove_stale(image: str) -> None:
 
 
 def _bake(image: str) -> dict[str, Any]:
-    """Prepare a builder lab, bake it with `gpuforge bake --local --save-image`, record the result."""
+    """Prepare a builder lab, bake it with `gpuforge-lab bake --save-image`, record the result."""
     builder_lab = labtools.lab_name("bake")
     record = record_dir(image)
     partial = record.with_name(record.name + ".partial")
@@ -152,9 +152,8 @@ def _bake(image: str) -> dict[str, Any]:
         ).split()
         # No assertion reads torch: the pytorch role installs the kilobyte TEST DOUBLE of its wheel.
         lab_vars = torchdouble.bake_vars(artifacts, partial / "work")
-        result = labtools.gpuforge(
+        result = labtools.gpuforge_lab(
             "bake",
-            "--local",
             "--lab",
             builder_lab,
             "--work-dir",
@@ -166,12 +165,12 @@ def _bake(image: str) -> dict[str, Any]:
             env={"GPUFORGE_LAB_ARTIFACTS": artifacts},
             without_aws=True,
         )
-        status = json.loads(labtools.gpuforge("lab", "status", "--name", builder_lab, "--json").stdout)
+        status = json.loads(labtools.gpuforge_lab("status", "--name", builder_lab, "--json").stdout)
         # The keys and hashes the image was installed with, for runs on its hosts after this lab is gone.
         shutil.copytree(artifacts, partial / "artifacts", symlinks=True)
         shutil.copyfile(Path(artifacts).parent / "artifacts-server.json", partial / "artifacts-server.json")
     if result.returncode != 0 and root_of(image).exists():
-        labtools.gpuforge("lab", "image", "rm", image)
+        labtools.gpuforge_lab("image", "rm", image)
     lines = result.stdout.strip().splitlines()
     data = {
         "image": image,

@@ -24,12 +24,12 @@ from typing import Any
 import boto3
 import pytest
 
-from gpuforge.bench import labrun
-from gpuforge.lab import core as lab_core
-from gpuforge.lab import host, state
-from gpuforge.lab import images as lab_images
-from gpuforge.lab import rootfs as lab_rootfs
-from gpuforge.lab.moto import free_port
+from gpuforge_lab import core as lab_core
+from gpuforge_lab import host, state
+from gpuforge_lab import images as lab_images
+from gpuforge_lab import rootfs as lab_rootfs
+from gpuforge_lab.bench import labrun
+from gpuforge_lab.moto import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -59,13 +59,26 @@ def gpuforge(
     *args: str, env: dict[str, str] | None = None, timeout: float = 900, without_aws: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """The CLI as a subprocess; `without_aws` drops every AWS_* variable (proves no AWS is used)."""
+    return _cli("gpuforge.cli", args, env=env, timeout=timeout, without_aws=without_aws)
+
+
+def gpuforge_lab(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 900, without_aws: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The lab's CLI (`gpuforge-lab`, the checkout's test double) as a subprocess, like gpuforge()."""
+    return _cli("gpuforge_lab.cli", args, env=env, timeout=timeout, without_aws=without_aws)
+
+
+def _cli(
+    module: str, args: tuple[str, ...], *, env: dict[str, str] | None, timeout: float, without_aws: bool
+) -> subprocess.CompletedProcess[str]:
     base = {
         k: v
         for k, v in os.environ.items()
         if not (without_aws and k.startswith("AWS_")) and k != "SSH_AUTH_SOCK"
     }
     return subprocess.run(
-        [sys.executable, "-m", "gpuforge.cli", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         check=False,
@@ -76,13 +89,13 @@ def gpuforge(
 
 
 def lab_up(name: str, nodes: int, *, ec2: bool = True, image: str | None = None) -> dict[str, Any]:
-    """A fresh lab (an old one of the same name goes first); `gpuforge lab up --json`'s output."""
-    gpuforge("lab", "down", "--name", name)
-    args = ["lab", "up", "--name", name, "--nodes", str(nodes), "--json"]
+    """A fresh lab (an old one of the same name goes first); `gpuforge-lab up --json`'s output."""
+    gpuforge_lab("down", "--name", name)
+    args = ["up", "--name", name, "--nodes", str(nodes), "--json"]
     args += ["--moto-port", str(free_port())] if ec2 else ["--no-ec2"]
     if image:
         args += ["--image", image]
-    up = gpuforge(*args)
+    up = gpuforge_lab(*args)
     assert up.returncode == 0, up.stderr[-3000:]
     info: dict[str, Any] = json.loads(up.stdout)
     return info
@@ -96,13 +109,13 @@ def lab(name: str, nodes: int, *, ec2: bool = True, image: str | None = None) ->
     try:
         yield info
     finally:
-        gpuforge("lab", "down", "--name", name)
+        gpuforge_lab("down", "--name", name)
 
 
 def on(lab_name: str, host: str, command: str, *, check: bool = True, timeout: float = 300) -> str:
     """Run a shell command on a lab host as root; its stdout."""
-    out = gpuforge(
-        "lab", "ssh", "--name", lab_name, host, "--", f"sudo sh -c {shlex.quote(command)}", timeout=timeout
+    out = gpuforge_lab(
+        "ssh", "--name", lab_name, host, "--", f"sudo sh -c {shlex.quote(command)}", timeout=timeout
     )
     if check:
         assert out.returncode == 0, f"{host}: {command}: {out.stderr}{out.stdout}"
@@ -176,7 +189,7 @@ def relaunch(lab_name: str, host_name: str, image: str | None = None) -> None:
 
     What EC2 does with an instance of a sanitized image: the disk (the host's writable layer) is
     kept, cloud-init makes new host keys and installs the login key. A host sanitized by
-    `gpuforge bake --local` answers SSH again without copying its tree into an image first.
+    `gpuforge-lab bake` answers SSH again without copying its tree into an image first.
     `image` names the lab image the host boots from when it is not the lab's own (see reimage).
     """
     _reboot(lab_name, host_name, image, fresh=False)
@@ -185,7 +198,7 @@ def relaunch(lab_name: str, host_name: str, image: str | None = None) -> None:
 def reimage(lab_name: str, host_name: str, image: str) -> None:
     """Make one host of a running lab a fresh host of lab image `image` (an empty writable layer).
 
-    `gpuforge lab up --image` boots every host of a lab from one image; tests that need hosts of
+    `gpuforge-lab up --image` boots every host of a lab from one image; tests that need hosts of
     different images in one lab (the base-image twins) swap them one by one with this.
     """
     _reboot(lab_name, host_name, image, fresh=True)
@@ -215,7 +228,7 @@ def _reboot(lab_name: str, host_name: str, image: str | None, *, fresh: bool) ->
 
 
 def lab_client(env: dict[str, str], service: str) -> Any:
-    """A boto3 client for the lab's moto_server (the test double), from the lab's `gpuforge lab env`."""
+    """A boto3 client for the lab's moto_server (the test double), from the lab's `gpuforge-lab env`."""
     return boto3.client(
         service,
         endpoint_url=env["AWS_ENDPOINT_URL"],

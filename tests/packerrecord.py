@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import awsrecorder  # noqa: E402
 from gpuforge.ami.packer import Packer, write_var_file  # noqa: E402
-from gpuforge.lab.moto import TEST_ENV, MotoServer, free_port  # noqa: E402
+from gpuforge_lab.moto import TEST_ENV, MotoServer, free_port  # noqa: E402
 
 BUILD_ID = "20261206-record"
 REGION = "us-east-1"

@@ -27,7 +27,8 @@ import pytest
 from gpuforge import aws, cli, targets, versions
 from gpuforge.ami import bake, images, inputs, publish
 from gpuforge.errors import ExternalError, UserError
-from gpuforge.lab.moto import MotoServer
+from gpuforge_lab import cli as lab_cli
+from gpuforge_lab.moto import MotoServer
 
 FAKE_PACKER = r'''#!{python}
 """Test double for the packer binary (see tests/test_ami_bake.py)."""
@@ -634,14 +635,80 @@ def test_bake_local_requires_a_running_lab(
     fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("GPUFORGE_LAB_DIR", str(tmp_path / "labs"))
-    assert cli.main(["bake", "--local", "--lab", "nosuchlab", "--work-dir", str(tmp_path / "w")]) == 2
-    assert "gpuforge lab up --name nosuchlab" in capsys.readouterr().err
+    assert lab_cli.main(["bake", "--lab", "nosuchlab", "--work-dir", str(tmp_path / "w")]) == 2
+    assert "gpuforge-lab up --name nosuchlab" in capsys.readouterr().err
     assert _builds(fake_packer) == []
 
 
 def test_bake_local_refuses_publish_options(fake_packer: Path, tmp_path: Path) -> None:
-    assert cli.main(["bake", "--local", "--parameter", "/x/y", "--work-dir", str(tmp_path / "w")]) == 2
+    # A lab bake registers no image: `gpuforge-lab bake` has no publish options at all.
+    with pytest.raises(SystemExit) as exc:
+        lab_cli.main(["bake", "--parameter", "/x/y", "--work-dir", str(tmp_path / "w")])
+    assert exc.value.code == 2
     assert _builds(fake_packer) == []
+
+
+def test_product_bake_sends_local_to_the_lab(
+    fake_packer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpuforge bake` bakes on AWS only; --local names the lab's command and runs nothing."""
+    assert cli.main(["bake", "--local", "--work-dir", str(tmp_path / "w")]) == 2
+    assert "lab hosts are baked with `gpuforge-lab bake`" in capsys.readouterr().err
+    assert _builds(fake_packer) == []
+
+
+def test_bake_host_hands_packer_the_plain_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bake_host takes a host, port, user and key (no lab), and gives them to the null source."""
+    seen: dict[str, Any] = {}
+
+    def run_packer(run: bake.Run, variables: dict[str, Any], only: str, **_: Any) -> list[Any]:
+        seen.update(variables, only=only)
+        empty = {"schema": 2, "versions_hash": "", "pins": {}, "installed": {}}
+        run.node_manifest.write_text(json.dumps(empty))
+        return []
+
+    monkeypatch.setattr(bake, "_run_packer", run_packer)
+    key = tmp_path / "id_ed25519"
+    key.write_text("not a real key\n")
+    target = bake.HostTarget(host="10.9.8.7", user="admin", private_key_file=key, port=2222, name="node-1")
+    run_dir = bake.bake_host(bake.BakeOptions(work_dir=tmp_path / "w"), target)
+    assert run_dir.parent == tmp_path / "w"
+    assert seen["only"] == bake.HOST_SOURCE == "null.lab"
+    assert (seen["lab_host"], seen["lab_port"], seen["lab_username"], seen["lab_private_key_file"]) == (
+        "10.9.8.7",
+        2222,
+        "admin",
+        str(key),
+    )
+    agent = bake.HostTarget(host="10.9.8.7", user="admin")
+    bake.bake_host(bake.BakeOptions(work_dir=tmp_path / "w"), agent)
+    assert (seen["lab_port"], seen["lab_private_key_file"]) == (22, "")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"host": "", "user": "admin"}, "needs the host's address and SSH user"),
+        ({"host": "10.0.0.1", "user": "admin", "port": 0}, "SSH port 0 is not a TCP port"),
+        ({"host": "10.0.0.1", "user": "admin", "private_key_file": Path("/nonexistent/k")}, "does not exist"),
+    ],
+)
+def test_host_target_refuses_what_ssh_cannot_use(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        bake.HostTarget(**fields)
+
+
+def test_no_product_module_imports_the_lab() -> None:
+    """The product package imports none of the checkout's test doubles (gpuforge_lab)."""
+    package = REPO / "scripts" / "gpuforge"
+    offenders = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if re.search(r"^\s*(from|import)\s+gpuforge_lab\b", path.read_text(), re.MULTILINE)
+    ]
+    assert offenders == []
+    assert not (package / "lab").exists() and not (package / "artifacts").exists()
+    assert not (package / "bench").exists()
 
 
 def test_modern_packer_gets_plugin_requirements_and_init(

@@ -29,7 +29,7 @@ from botocore.exceptions import ClientError
 from gpuforge import aws as gpuforge_aws
 from gpuforge import cli, targets
 from gpuforge.ami import canary, images, promote, publish
-from gpuforge.lab.moto import MotoServer
+from gpuforge_lab.moto import MotoServer
 from imagetools import baked_image
 
 REPO = Path(__file__).resolve().parents[1]

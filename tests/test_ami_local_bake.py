@@ -1,4 +1,4 @@
-"""`gpuforge bake --local --save-image` end to end, then a host booted from the image.
+"""`gpuforge-lab bake --save-image` end to end, then a host booted from the image.
 
 The real packer (Debian's 1.6.6) runs the real provisioners (playbooks/bake.yml with the install
 tag, then packer/scripts/sanitize.sh) over SSH against a real lab host, with no AWS at all. The
@@ -31,8 +31,8 @@ import goldenlab
 import labtools
 from gpuforge import node_manifest, versions
 from gpuforge.ami import manifest as packer_manifest
-from gpuforge.lab import images as lab_images
-from labtools import LAB_MARKS, REPO, gpuforge, lab, on, playbook, recap
+from gpuforge_lab import images as lab_images
+from labtools import LAB_MARKS, REPO, gpuforge_lab, lab, on, playbook, recap
 
 GOLDEN_LAB = labtools.lab_name("golden")
 
@@ -71,7 +71,7 @@ def test_local_bake_runs_both_provisioners_and_keeps_the_image(baked: dict[str, 
     assert (artifact.name, artifact.builder_type, artifact.images) == ("lab", "null", {})
     assert artifact.custom_data["versions_hash"] == digest
 
-    listed = json.loads(gpuforge("lab", "image", "list", "--json").stdout)
+    listed = json.loads(gpuforge_lab("image", "list", "--json").stdout)
     (info,) = [i for i in listed if i["name"] == baked["image"]]
     assert (info["source_lab"], info["source_host"]) == (baked["builder_lab"], baked["builder_host"])
     assert info["versions_hash"] == digest and info["sanitized"] is True

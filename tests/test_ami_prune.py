@@ -16,7 +16,7 @@ from gpuforge import cli
 from gpuforge.ami import images, prune, publish
 from gpuforge.ami.references import Sources
 from gpuforge.errors import ExternalError, UserError
-from gpuforge.lab.moto import MotoServer
+from gpuforge_lab.moto import MotoServer
 from imagetools import baked_image
 
 SOURCE = "ami-785db401"  # one of moto's built-in public images

@@ -14,10 +14,10 @@ from clusterconfigs import COMMENTED_WITHOUT_AMI
 from gpuforge import cli
 from gpuforge.ami import images, publish
 from gpuforge.errors import UserError
-from gpuforge.lab.moto import MotoServer
 from gpuforge.pcluster.config import load_config
 from gpuforge.pcluster.rollout import ConfigChange
 from gpuforge.pcluster.validate import AmiFacts
+from gpuforge_lab.moto import MotoServer
 from imagetools import baked_image
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpuforge import versions
-from gpuforge.artifacts import fixtures, server
 from gpuforge.errors import UserError
+from gpuforge_lab.artifacts import fixtures, server
 
 needs_gpg = pytest.mark.skipif(
     shutil.which("gpg") is None or shutil.which("gpgv") is None, reason="needs gnupg"

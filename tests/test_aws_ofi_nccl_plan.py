@@ -3,7 +3,7 @@
 One play on the control host runs the role's probe against a prepared directory per case: the
 EFA installer's bundle in either layout (before and from installer 1.44), a bundle of another
 release, CUDA headers present or not. The bundled library is the compiled TEST FIXTURE stand-in
-(gpuforge.artifacts.fixtures), read by the same version probe production uses. Check mode, the
+(gpuforge_lab.artifacts.fixtures), read by the same version probe production uses. Check mode, the
 manifest off and IMDS off: nothing on the control host changes and no request leaves loopback.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from gpuforge import versions
-from gpuforge.artifacts import fixtures
+from gpuforge_lab.artifacts import fixtures
 from localplay import REPO, record, run_cases
 
 PIN = versions.load().version("aws_ofi_nccl")

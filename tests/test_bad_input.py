@@ -35,6 +35,7 @@ class Case:
     needs_root: bool = False
     env: dict[str, str] = field(default_factory=dict)  # added to the credential-free environment
     known_gap: str | None = None  # xfail reason: the message or behaviour still to fix
+    program: str = "gpuforge"  # or gpuforge-lab, the checkout's lab
 
 
 def _spec(old: str, new: str) -> str:
@@ -72,32 +73,36 @@ CASES = [
     ),
     Case(
         "lab-zero-nodes",
-        ("lab", "up", "--name", "badin", "--nodes", "0"),
+        ("up", "--name", "badin", "--nodes", "0"),
         r"0 must be at least 1",
         needs_root=True,
+        program="gpuforge-lab",
     ),
     Case(
         "lab-bad-name",
-        ("lab", "up", "--name", "Bad Name!"),
+        ("up", "--name", "Bad Name!"),
         r"lab name 'Bad Name!' is invalid: use",
         needs_root=True,
+        program="gpuforge-lab",
     ),
     Case(
         "lab-unknown-image",
-        ("lab", "up", "--name", "badin", "--no-ec2", "--image", "no-such-image"),
+        ("up", "--name", "badin", "--no-ec2", "--image", "no-such-image"),
         r"no lab image 'no-such-image' \(images here: .*\); make one with",
         needs_root=True,
+        program="gpuforge-lab",
     ),
     Case(
         "lab-image-bad-name",
-        ("lab", "image", "rm", "Bad/Name"),
+        ("image", "rm", "Bad/Name"),
         r"image name 'Bad/Name' is invalid: use",
         needs_root=True,
+        program="gpuforge-lab",
     ),
     Case(
-        "bake-save-image-without-local",
-        ("bake", "--save-image", "golden"),
-        r"--save-image keeps a lab host as a lab image: use it with --local",
+        "bake-local-moved-to-the-lab",
+        ("bake", "--local"),
+        r"--local: lab hosts are baked with `gpuforge-lab bake`",
     ),
     Case(
         "set-ami-bad-id",
@@ -125,9 +130,10 @@ CASES = [
     ),
     Case(
         "lab-unknown-instance-type",
-        ("lab", "up", "--name", "badin", "--no-ec2", "--compute-type", "p9.mega"),
+        ("up", "--name", "badin", "--no-ec2", "--compute-type", "p9.mega"),
         r"unknown instance type 'p9\.mega'; known types: .*p5\.48xlarge",
         needs_root=True,
+        program="gpuforge-lab",
     ),
     Case(
         "nccl-unknown-instance-type",
@@ -230,7 +236,7 @@ def test_bad_input_gives_a_clear_error(case: Case, tmp_path: Path) -> None:
         (tmp_path / name).write_text(content)
     argv = [arg.replace("{tmp}", str(tmp_path)) for arg in case.argv]
     result = subprocess.run(
-        [str(BIN / "gpuforge"), *argv],
+        [str(BIN / case.program), *argv],
         capture_output=True,
         text=True,
         check=False,
@@ -242,7 +248,7 @@ def test_bad_input_gives_a_clear_error(case: Case, tmp_path: Path) -> None:
     assert "Traceback" not in err, err
     assert result.returncode in case.codes, f"exit {result.returncode}: {err}"
     first_error = next(
-        (line for line in err.splitlines() if re.match(r"gpuforge( [\w-]+)*: error: ", line)), ""
+        (line for line in err.splitlines() if re.match(r"gpuforge(-lab)?( [\w-]+)*: error: ", line)), ""
     )
     assert first_error, f"no 'gpuforge: error:' line in:\n{err}"
     assert re.search(case.message, err), err

@@ -1,4 +1,4 @@
-"""The pure parts of bench/nodelocal.py (gpuforge.bench.nodecost): parsing and the 1,000-node model.
+"""The pure parts of bench/nodelocal.py (gpuforge_lab.bench.nodecost): parsing and the 1,000-node model.
 
 The inputs are what the real tools print: systemd-run's summary lines as systemd src/run/run.c
 writes them, /proc/net/snmp's paired header/value lines, cgroup v2 cpu.stat, strace 6.1's decoding
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from gpuforge.bench import nodecost
+from gpuforge_lab.bench import nodecost
 
 SYSTEMD_RUN_OK = """\
 Running as unit: gpuforge-bench-apply.service

@@ -21,7 +21,7 @@ import pytest
 
 from gpuforge import aws as gpuforge_aws
 from gpuforge import cli, logsafe
-from gpuforge.lab.moto import MotoServer
+from gpuforge_lab.moto import MotoServer
 
 BIN = Path(sys.executable).parent
 _UPPER = string.ascii_uppercase + string.digits

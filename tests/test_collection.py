@@ -107,7 +107,7 @@ def test_every_role_playbook_and_data_file_is_in_the_collection(built: Path) -> 
         assert path in names or (path == "galaxy.yml" and "MANIFEST.json" in names), path
     # Nothing of the Python CLI, the lab, the tests or the link back to the checkout.
     assert not {
-        n for n in names if n.split("/")[0] in {"collections", "tests", "scripts", "molecule", "bench"}
+        n for n in names if n.split("/")[0] in {"collections", "tests", "scripts", "molecule", "bench", "lab"}
     }
 
 

@@ -26,7 +26,7 @@ FAKE_OS_RELEASE = 'NAME="Ubuntu"\nVERSION_ID="20.04"\nID=ubuntu\nID_LIKE=debian\
 
 def _lab_ssh(env: dict[str, str], host: str, command: str) -> str:
     out = subprocess.run(
-        ["gpuforge", "lab", "ssh", "--name", env["GPUFORGE_LAB"], host, "--", command],
+        ["gpuforge-lab", "ssh", "--name", env["GPUFORGE_LAB"], host, "--", command],
         capture_output=True,
         text=True,
         check=True,
@@ -39,7 +39,7 @@ def _lab_ssh(env: dict[str, str], host: str, command: str) -> str:
 def focal_host(fleet_lab: dict[str, str]) -> Iterator[str]:
     """A lab host posing as Ubuntu 20.04; yields its inventory name (EC2's private DNS name)."""
     status = subprocess.run(
-        ["gpuforge", "lab", "status", "--name", fleet_lab["GPUFORGE_LAB"], "--json"],
+        ["gpuforge-lab", "status", "--name", fleet_lab["GPUFORGE_LAB"], "--json"],
         capture_output=True,
         text=True,
         check=False,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuforge.lab.moto import free_port
+from gpuforge_lab.moto import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

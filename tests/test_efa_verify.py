@@ -1,6 +1,6 @@
 """The efa role refuses a bad EFA installer download before anything changes, on a real lab host.
 
-The installer served here is the signed TEST FIXTURE built by gpuforge.artifacts.fixtures (a stand-in
+The installer served here is the signed TEST FIXTURE built by gpuforge_lab.artifacts.fixtures (a stand-in
 efa_installer.sh signed by a throwaway key generated for this test run), served by the local
 artifact server on the lab's bridge gateway. Needs root and systemd-nspawn (the lab).
 """
@@ -21,8 +21,8 @@ import pytest
 
 import labtools
 from gpuforge import versions
-from gpuforge.artifacts import fixtures, server
-from labtools import gpuforge
+from gpuforge_lab.artifacts import fixtures, server
+from labtools import gpuforge_lab
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = labtools.lab_name("t-efa")
@@ -63,8 +63,8 @@ def served(
 
 def on_host(lab: dict[str, Any], command: str) -> str:
     # ssh joins its arguments into one remote shell line, so the command is quoted as one word.
-    out = gpuforge(
-        "lab", "ssh", "--name", LAB, lab["hosts"][0]["name"], "--", f"sudo sh -c {shlex.quote(command)}"
+    out = gpuforge_lab(
+        "ssh", "--name", LAB, lab["hosts"][0]["name"], "--", f"sudo sh -c {shlex.quote(command)}"
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

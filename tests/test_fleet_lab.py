@@ -33,9 +33,9 @@ import ssmdouble
 from gpuforge import cli as gpuforge_cli
 from gpuforge import versions
 from gpuforge.fleet import document as fleet_document
-from gpuforge.lab import core as lab_core
 from gpuforge.nccl.parse import parse as parse_nccl
-from labtools import LAB_MARKS, REPO, gpuforge, lab_up, recap
+from gpuforge_lab import core as lab_core
+from labtools import LAB_MARKS, REPO, gpuforge_lab, lab_up, recap
 
 LAB = labtools.lab_name("fleet")
 SITE = "playbooks/fleet.yml"
@@ -75,7 +75,7 @@ def cluster() -> Iterator[dict[str, Any]]:
         "head": hosts["HeadNode"],
         "compute": [h["name"] for h in info["hosts"] if h["role"] == "Compute"],
     }
-    gpuforge("lab", "down", "--name", LAB)
+    gpuforge_lab("down", "--name", LAB)
 
 
 def test_sinfo_shows_the_compute_nodes_idle(cluster: dict[str, Any]) -> None:
@@ -288,8 +288,8 @@ def test_ssm_apply_waits_for_the_running_job(cluster: dict[str, Any]) -> None:
     def execute(target: str, script: str) -> tuple[int, str]:
         payload = base64.b64encode(script.encode()).decode()
         command = f"echo {payload} | base64 -d > /tmp/ssm-apply.sh && sh /tmp/ssm-apply.sh"
-        run = gpuforge(
-            "lab", "ssh", "--name", LAB, target, "--", f"sudo sh -c {shlex.quote(command)}", timeout=600
+        run = gpuforge_lab(
+            "ssh", "--name", LAB, target, "--", f"sudo sh -c {shlex.quote(command)}", timeout=600
         )
         return run.returncode, run.stdout + run.stderr
 
@@ -333,8 +333,8 @@ def test_on_node_configured_configures_the_node_offline_from_its_image(
     node (TEST DOUBLE, as in test_parallelcluster_mode_only_adds_scripts): plain Slurm's slurm.conf needs
     every node's facts and is the SSH path's."""
     from gpuforge import noderev
-    from gpuforge.lab import state as lab_state
-    from gpuforge.lab.moto import free_port
+    from gpuforge_lab import state as lab_state
+    from gpuforge_lab.moto import free_port
 
     lab = lab_state.load(LAB)
     assert lab is not None
@@ -344,7 +344,7 @@ def test_on_node_configured_configures_the_node_offline_from_its_image(
     subprocess.run(["ip", "addr", "replace", f"{s3_ip}/32", "dev", lab.bridge], check=True)
     port = free_port(s3_ip)
     moto = subprocess.Popen(
-        [str(labtools.BIN / "python"), "-m", "gpuforge.lab.motoserver", "-H", s3_ip, "-p", str(port)],
+        [str(labtools.BIN / "python"), "-m", "gpuforge_lab.motoserver", "-H", s3_ip, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -398,8 +398,8 @@ def test_on_node_configured_configures_the_node_offline_from_its_image(
         s3.put_object(
             Bucket="gpuforge-revs", Key=f"gpuforge/revisions/gpuforge-{older}.tar.gz", Body=b"not it"
         )
-        wrong = labtools.gpuforge(
-            "lab", "ssh", "--name", LAB, node, "--",
+        wrong = labtools.gpuforge_lab(
+            "ssh", "--name", LAB, node, "--",
             f"sudo sh -c '{action} --revision {older} --sha256 {newer['sha256']} --bucket gpuforge-revs'",
         )  # fmt: skip
         assert wrong.returncode == 3, wrong.stdout[-2000:] + wrong.stderr[-2000:]

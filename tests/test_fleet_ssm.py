@@ -30,7 +30,7 @@ from gpuforge import noderev
 from gpuforge.errors import UserError
 from gpuforge.fleet import cli as fleet_cli
 from gpuforge.fleet import document, ssm
-from gpuforge.lab.moto import MotoServer, free_port
+from gpuforge_lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SHA = "ab" * 32

@@ -11,7 +11,7 @@ import pytest
 
 import goldenlab
 import labtools
-from gpuforge.lab import images as lab_images
+from gpuforge_lab import images as lab_images
 
 
 def test_the_image_name_is_a_valid_lab_image_name_keyed_by_this_tree() -> None:

@@ -22,7 +22,7 @@ import iamaudit
 import packerrecord
 from gpuforge import aws as gpuforge_aws
 from gpuforge.ami import images
-from gpuforge.lab.moto import MotoServer
+from gpuforge_lab.moto import MotoServer
 from imagetools import baked_image
 from test_packer_security import needs_packer_1_6
 
@@ -119,7 +119,7 @@ def test_a_new_call_without_its_permission_is_caught(tmp_path: Path) -> None:
     log.write_text(
         json.dumps({"action": "ec2:DeleteVolume", "caller": "gpuforge.ami.copy"})
         + "\n"
-        + json.dumps({"action": "ec2:RunInstances", "caller": "gpuforge.lab.ec2"})
+        + json.dumps({"action": "ec2:RunInstances", "caller": "gpuforge_lab.ec2"})
         + "\n"
     )
     # The lab's own calls are not the pipeline's; the pipeline's DeleteVolume is reported.

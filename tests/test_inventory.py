@@ -21,9 +21,9 @@ import yaml
 from botocore.config import Config
 
 import sourcefile
-from gpuforge.bench import ec2fleet
-from gpuforge.bench.throttle import ThrottlingProxy
-from gpuforge.lab.moto import MotoServer, free_port
+from gpuforge_lab.bench import ec2fleet
+from gpuforge_lab.bench.throttle import ThrottlingProxy
+from gpuforge_lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

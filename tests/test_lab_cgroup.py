@@ -1,4 +1,4 @@
-"""gpuforge.lab.cgroup: where each lab host's own cgroup goes, on the kinds of hierarchy a machine has.
+"""gpuforge_lab.cgroup: where each lab host's own cgroup goes, on the kinds of hierarchy a machine has.
 
 The lab-backed half (each host's systemd in its own tree, the same-name unit race) is in
 test_lab_integration.
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuforge.errors import ExternalError
-from gpuforge.lab import cgroup
+from gpuforge_lab import cgroup
 
 HYBRID_MOUNTS = """\
 tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpuforge.errors import UserError
-from gpuforge.lab import core, images, state
-from gpuforge.lab.rootfs import SSH_USER
-from gpuforge.lab.state import HostState, LabState
+from gpuforge_lab import core, images, state
+from gpuforge_lab.rootfs import SSH_USER
+from gpuforge_lab.state import HostState, LabState
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("mount") is None, reason="overlay mounts need root"

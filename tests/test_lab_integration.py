@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import labtools
-from gpuforge.lab import core as lab_core
-from gpuforge.lab import state
-from labtools import LAB_MARKS, REPO, gpuforge, lab_up
+from gpuforge_lab import core as lab_core
+from gpuforge_lab import state
+from labtools import LAB_MARKS, REPO, gpuforge_lab, lab_up
 
 LAB = labtools.lab_name("itest")
 
@@ -25,9 +25,9 @@ pytestmark = LAB_MARKS
 
 
 def lab_env() -> dict[str, str]:
-    """What `eval "$(gpuforge lab env)"` sets in a shell: the command's output, used as users use it."""
+    """What `eval "$(gpuforge-lab env)"` sets in a shell: the command's output, used as users use it."""
     out = subprocess.run(
-        ["bash", "-c", f'eval "$({sys.executable} -m gpuforge.cli lab env --name {LAB})" && env -0'],
+        ["bash", "-c", f'eval "$({sys.executable} -m gpuforge_lab.cli env --name {LAB})" && env -0'],
         capture_output=True,
         text=True,
         check=True,
@@ -44,14 +44,14 @@ def lab_env() -> dict[str, str]:
 def lab() -> Iterator[dict[str, object]]:
     info = lab_up(LAB, 3)
     yield info
-    gpuforge("lab", "down", "--name", LAB)
+    gpuforge_lab("down", "--name", LAB)
 
 
 def test_every_host_answers_ssh_with_its_own_name(lab: dict[str, object]) -> None:
     hosts = lab["hosts"]
     assert isinstance(hosts, list) and len(hosts) == 3
     for node in hosts:
-        out = gpuforge("lab", "ssh", "--name", LAB, node["name"], "--", "hostname; ps -p 1 -o comm=")
+        out = gpuforge_lab("ssh", "--name", LAB, node["name"], "--", "hostname; ps -p 1 -o comm=")
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == [node["name"], "systemd"]
 
@@ -94,8 +94,7 @@ def test_ansible_ping_reaches_every_host(lab: dict[str, object]) -> None:
 
 
 def test_hosts_install_debian_packages_through_the_proxy(lab: dict[str, object]) -> None:
-    out = gpuforge(
-        "lab",
+    out = gpuforge_lab(
         "ssh",
         "--name",
         LAB,
@@ -109,13 +108,13 @@ def test_hosts_install_debian_packages_through_the_proxy(lab: dict[str, object])
 
 
 def test_second_up_is_refused(lab: dict[str, object]) -> None:
-    again = gpuforge("lab", "up", "--name", LAB)
+    again = gpuforge_lab("up", "--name", LAB)
     assert again.returncode == 2
     assert "already up" in again.stderr
 
 
 def test_busy_moto_port_is_refused(lab: dict[str, object]) -> None:
-    other = gpuforge("lab", "up", "--name", "itest2", "--moto-port", str(lab["moto_port"]))
+    other = gpuforge_lab("up", "--name", "itest2", "--moto-port", str(lab["moto_port"]))
     assert other.returncode == 2
     assert "already in use" in other.stderr
     assert state.load("itest2") is None
@@ -125,7 +124,7 @@ def test_each_host_runs_systemd_in_a_cgroup_tree_of_its_own(lab: dict[str, objec
     """Hosts sharing one cgroup tree broke each other's units (an intermittent boot without sshd).
 
     Two hosts start and stop a unit of the same name at once: in one shared tree (the lab before
-    gpuforge.lab.cgroup) 293-296 of 300 starts failed on one of them ("Unit gfrace.service was
+    gpuforge_lab.cgroup) 293-296 of 300 starts failed on one of them ("Unit gfrace.service was
     already loaded": the other host's process kept the cgroup populated).
     """
     hosts = lab["hosts"]
@@ -142,7 +141,7 @@ def test_each_host_runs_systemd_in_a_cgroup_tree_of_its_own(lab: dict[str, objec
     )
     runs = [
         subprocess.Popen(
-            [sys.executable, "-m", "gpuforge.cli", "lab", "ssh", "--name", LAB, node["name"], "--", loop],
+            [sys.executable, "-m", "gpuforge_lab.cli", "ssh", "--name", LAB, node["name"], "--", loop],
             stdout=subprocess.PIPE,
             text=True,
             cwd=REPO,
@@ -164,7 +163,7 @@ def test_down_leaves_nothing_behind(lab: dict[str, object]) -> None:
     bridge = str(lab["bridge"])
     ours = _ifindex(bridge)
     assert ours is not None
-    down = gpuforge("lab", "down", "--name", LAB)
+    down = gpuforge_lab("down", "--name", LAB)
     assert down.returncode == 0, down.stderr
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert f"gpuforge-{LAB}-" not in netns
@@ -178,7 +177,7 @@ def test_down_leaves_nothing_behind(lab: dict[str, object]) -> None:
     for pid in pids:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split()[2] == "Z", f"pid {pid} still running"
-    assert gpuforge("lab", "status", "--name", LAB).returncode == 2
+    assert gpuforge_lab("status", "--name", LAB).returncode == 2
     leftover = [d for h in lab["hosts"] for d in h["cgroups"] if Path(d).exists()]
     assert leftover == [], "host cgroups left behind"
 
@@ -186,8 +185,8 @@ def test_down_leaves_nothing_behind(lab: dict[str, object]) -> None:
 def test_down_also_ends_a_host_whose_nspawn_was_killed() -> None:
     """SIGKILL to systemd-nspawn orphans the container; `lab down` must still end it."""
     name = "itest3"
-    gpuforge("lab", "down", "--name", name)
-    up = gpuforge("lab", "up", "--name", name, "--nodes", "1", "--no-ec2", "--json")
+    gpuforge_lab("down", "--name", name)
+    up = gpuforge_lab("up", "--name", name, "--nodes", "1", "--no-ec2", "--json")
     assert up.returncode == 0, up.stderr
     node = json.loads(up.stdout)["hosts"][0]
     netns_inode = Path(f"/run/netns/{node['netns']}").stat().st_ino
@@ -204,7 +203,7 @@ def test_down_also_ends_a_host_whose_nspawn_was_killed() -> None:
         return found
 
     assert inside(), "expected the container to outlive its nspawn"
-    down = gpuforge("lab", "down", "--name", name)
+    down = gpuforge_lab("down", "--name", name)
     assert down.returncode == 0, down.stderr
     assert inside() == []
     assert [d for d in node["cgroups"] if Path(d).exists()] == [], "the killed host's cgroups were left"

@@ -1,7 +1,7 @@
 """The lab runs the roles' production defaults: its only overrides say where artifacts come from (issue 27).
 
 Every variable the lab sets for the roles, wherever it is set (the lab group's group_vars, the
-extra vars of a lab bake from gpuforge.bench.labrun.write_bake_vars and tests/torchdouble.bake_vars,
+extra vars of a lab bake from gpuforge_lab.bench.labrun.write_bake_vars and tests/torchdouble.bake_vars,
 the Molecule scenarios' inventories and converge plays), must be
 
 - an ARTIFACT SOURCE in ALLOWED below: a role variable that exists in that role's
@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 import torchdouble
-from gpuforge.bench import labrun
+from gpuforge_lab.bench import labrun
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP_VARS = REPO / "inventory/group_vars/gpuforge_lab"

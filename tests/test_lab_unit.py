@@ -17,11 +17,10 @@ from typing import ClassVar
 import boto3
 import pytest
 
-from gpuforge import cli
 from gpuforge.errors import UserError
-from gpuforge.lab import aptproxy, core, ec2, state, system
-from gpuforge.lab.moto import MotoServer, free_port, port_in_use
-from gpuforge.lab.state import LabState
+from gpuforge_lab import aptproxy, cli, core, ec2, state, system
+from gpuforge_lab.moto import MotoServer, free_port, port_in_use
+from gpuforge_lab.state import LabState
 
 
 @pytest.mark.parametrize("name", ["default", "m-nvidia", "a", "lab-12345678"])
@@ -76,9 +75,7 @@ def test_lab_indexes_are_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert state.load("x") == lab
 
 
-@pytest.mark.parametrize(
-    "argv", [["lab", "up", "--bogus"], ["lab", "frobnicate"], ["lab", "up", "--nodes", "x"]]
-)
+@pytest.mark.parametrize("argv", [["up", "--bogus"], ["frobnicate"], ["up", "--nodes", "x"]])
 def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
@@ -91,7 +88,7 @@ def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtur
 )
 def test_cli_reports_bad_node_count(value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        cli.main(["lab", "up", "--nodes", value])
+        cli.main(["up", "--nodes", value])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -23,10 +23,10 @@ import pytest
 import yaml
 
 from gpuforge import versions
-from gpuforge.artifacts import fixtures
 from gpuforge.nccl import cli as nccl_cli
 from gpuforge.nccl.evaluate import THRESHOLD
 from gpuforge.nccl.parse import parse
+from gpuforge_lab.artifacts import fixtures
 from localplay import REPO, record, run_cases
 
 PINS = versions.load().components["nccl_tests"]

@@ -27,7 +27,7 @@ import boto3
 import pytest
 import yaml
 
-from gpuforge.lab.moto import MotoServer
+from gpuforge_lab.moto import MotoServer
 from localplay import REPO, read_results, record, results_task, run_play
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,7 @@ import pytest
 from gpuforge.ami.bake import AWS_SOURCE, BuilderImds
 from gpuforge.ami.packer import MODERN_MIN, MachineLine, Packer, launched_instance, write_var_file
 from gpuforge.errors import ExternalError
-from gpuforge.lab.moto import MotoServer, free_port
+from gpuforge_lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK_IMDSV2 = REPO / "packer" / "scripts" / "check-imdsv2.sh"

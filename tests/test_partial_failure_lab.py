@@ -3,7 +3,7 @@
 Four lab hosts (head + 3 compute; systemd-nspawn with real systemd, sshd, munge and Slurm) found
 through the real aws_ec2 inventory against moto (the test double for EC2 and SSM). Once the play
 reaches the slurm role, the SSH daemon of one compute host is stopped and its sessions ended
-(gpuforge.bench.labrun.stop_sshd): the host keeps running, only SSH is refused, as when a node's
+(gpuforge_lab.bench.labrun.stop_sshd): the host keeps running, only SSH is refused, as when a node's
 sshd dies. The other three must finish configure with failed=0 and a working Slurm; the run names
 the host it left out; after sshd returns a rerun converges, and the run after it changes nothing.
 
@@ -23,8 +23,8 @@ import pytest
 
 import goldenlab
 import labtools
-from gpuforge.bench import labrun
-from gpuforge.lab import core as lab_core
+from gpuforge_lab import core as lab_core
+from gpuforge_lab.bench import labrun
 from labtools import LAB_MARKS, lab_up, recap
 
 LAB = labtools.lab_name("partial")
@@ -55,7 +55,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         yield {"env": env, "head": head, "compute": compute, "victim": compute[1]}
     finally:
-        labtools.gpuforge("lab", "down", "--name", LAB)
+        labtools.gpuforge_lab("down", "--name", LAB)
 
 
 def run_stopping_sshd(env: dict[str, str], victim: str) -> tuple[int, str]:

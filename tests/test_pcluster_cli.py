@@ -11,8 +11,8 @@ import yaml
 
 from clusterconfigs import COMMENTED
 from gpuforge import cli
-from gpuforge.lab.moto import MotoServer
 from gpuforge.pcluster.config import custom_amis, load_config
+from gpuforge_lab.moto import MotoServer
 from imagetools import baked_image
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster-spec.yml"

@@ -14,10 +14,10 @@ import yaml
 from gpuforge import cli
 from gpuforge.ami import images
 from gpuforge.errors import UserError
-from gpuforge.lab.moto import MotoServer
 from gpuforge.pcluster import update
 from gpuforge.pcluster.generate import generate
 from gpuforge.pcluster.validate import AmiFacts
+from gpuforge_lab.moto import MotoServer
 from imagetools import baked_image
 
 SUBNET = "subnet-0123456789abcdef0"

@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from gpuforge import cli
-from gpuforge.lab.moto import MotoServer
 from gpuforge.pcluster import update
 from gpuforge.pcluster.config import dump_config, load_config, load_yaml_mapping
 from gpuforge.pcluster.generate import generate
+from gpuforge_lab.moto import MotoServer
 from imagetools import baked_image
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -1,6 +1,6 @@
 """`gpuforge preflight` against moto_server, the test double for AWS (see tests/conftest.py).
 
-moto runs with gpuforge's extensions (gpuforge.lab.moto_ext) for placement groups and
+moto runs with gpuforge's extensions (gpuforge_lab.moto_ext) for placement groups and
 per-network-card EFA interfaces. Every check is driven into PASS and into FAIL by building a
 cluster that is right, then one that is wrong in exactly one way.
 """
@@ -18,11 +18,11 @@ import clitools
 from gpuforge import cli as gpuforge_cli
 from gpuforge import instance_types
 from gpuforge.errors import UserError
-from gpuforge.lab.moto import MotoServer
 from gpuforge.preflight import cli as preflight_cli
 from gpuforge.preflight import runner
 from gpuforge.preflight.cluster import CLUSTER_TAG, NODE_TYPE_TAG, QUEUE_TAG
 from gpuforge.preflight.result import CheckResult, Status, render_table
+from gpuforge_lab.moto import MotoServer
 
 CLUSTER = "train"
 GPU_TYPE = "p5.48xlarge"

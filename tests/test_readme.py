@@ -60,13 +60,13 @@ def fresh_shell(script: str, extra_env: dict[str, str] | None = None) -> subproc
 
 def test_a_failed_lab_env_stops_the_block() -> None:
     """Without the venv, or for a lab that is not up, the env line fails visibly (no silent empty eval)."""
-    line = next(line for line in AFTER_DEMO.splitlines() if "gpuforge lab env" in line)
+    line = next(line for line in AFTER_DEMO.splitlines() if "gpuforge-lab env" in line)
     without_venv = fresh_shell(line)
     assert without_venv.returncode != 0
-    assert "gpuforge: command not found" in without_venv.stderr
+    assert "gpuforge-lab: command not found" in without_venv.stderr
     no_lab = fresh_shell("source .venv/bin/activate\n" + line.replace("--name demo", "--name nosuchlab"))
     assert no_lab.returncode != 0
-    assert "gpuforge: error: lab 'nosuchlab' is not up" in no_lab.stderr
+    assert "gpuforge-lab: error: lab 'nosuchlab' is not up" in no_lab.stderr
 
 
 @pytest.fixture(scope="module")
@@ -88,4 +88,4 @@ def test_the_after_demo_block_runs_verbatim(demo_lab: str) -> None:
     assert result.stdout.count("SUCCESS") == 2
     assert "gpu-st-p5-48xlarge-1" in result.stdout
     # make lab-down at the end of the block took the lab down.
-    assert labtools.gpuforge("lab", "status", "--name", demo_lab).returncode != 0
+    assert labtools.gpuforge_lab("status", "--name", demo_lab).returncode != 0

@@ -1,8 +1,8 @@
 """Reliability on real lab hosts: a host killed mid-run, a held apt lock, an interrupted install.
 
 Lab hosts are systemd-nspawn containers booted from Debian 12 with systemd and sshd (see
-gpuforge.lab); EC2 is moto_server (the test double) and the inventory is the real aws_ec2 one.
-A killed host is its container sent SIGKILL (gpuforge.bench.labrun.kill_host): every process
+gpuforge_lab); EC2 is moto_server (the test double) and the inventory is the real aws_ec2 one.
+A killed host is its container sent SIGKILL (gpuforge_lab.bench.labrun.kill_host): every process
 on it dies at once and SSH connections drop, as on a power loss. Needs root, like the lab.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import labtools
-from gpuforge.bench import labrun
+from gpuforge_lab.bench import labrun
 from labtools import LAB_MARKS, REPO, recap
 
 LAB = labtools.lab_name("rel")

@@ -1,7 +1,7 @@
 """Reliability: AWS API throttling is retried, not fatal.
 
 AWS is moto_server (the test double), and throttling is a second test double: a loopback
-proxy (gpuforge.bench.throttle) that answers the first N requests with the errors AWS sends
+proxy (gpuforge_lab.bench.throttle) that answers the first N requests with the errors AWS sends
 when it rate-limits (`RequestLimitExceeded` for EC2, `ThrottlingException` for SSM) and
 forwards the rest to moto. gpuforge.aws.client (adaptive retries) must get through; a client
 without retries must fail on the first throttle.
@@ -18,8 +18,8 @@ from botocore.exceptions import ClientError
 
 from gpuforge import aws as gpuforge_aws
 from gpuforge import cli
-from gpuforge.bench.throttle import ThrottlingProxy
-from gpuforge.lab.moto import MotoServer
+from gpuforge_lab.bench.throttle import ThrottlingProxy
+from gpuforge_lab.moto import MotoServer
 
 THROTTLES = 3
 # total_max_attempts counts the first try (max_attempts counts only retries).

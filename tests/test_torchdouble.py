@@ -1,4 +1,5 @@
-"""The TEST DOUBLE of the pinned PyTorch wheel (gpuforge.artifacts.torchdouble) passes what the role reads."""
+"""The TEST DOUBLE of the pinned PyTorch wheel (gpuforge_lab.artifacts.torchdouble) passes what the role
+reads."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 import torchdouble
-from gpuforge.artifacts import fixtures
+from gpuforge_lab.artifacts import fixtures
 
 REPO = Path(__file__).resolve().parents[1]
 PINS = yaml.safe_load((REPO / "versions.yml").read_text())["gpuforge_versions"]
@@ -76,7 +77,7 @@ def test_the_double_is_the_same_bytes_every_time(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("gpg") is None, reason="the fixtures are signed with gpg")
 def test_every_lab_serves_the_double_and_records_it(tmp_path: Path) -> None:
-    """gpuforge.artifacts.fixtures (what `gpuforge lab up` and Molecule's stack scenario run) serves the
+    """gpuforge_lab.artifacts.fixtures (what `gpuforge-lab up` and Molecule's stack scenario run) serves the
     double under test-doubles/ and records its file and sha256 in fixture.json."""
     built = fixtures.build(tmp_path, "9.8.7")
     record = json.loads((tmp_path / "fixture.json").read_text())

@@ -2,7 +2,7 @@
 
 Each twin (tests/twins/*.yml, built by tests/twinlab.py, TEST DOUBLES) is built once per record
 digest. One lab holds one host per twin (`labtools.reimage` swaps each host onto its twin's
-image). The hosts are baked at the same time, each by its own real `gpuforge bake --local` (the
+image). The hosts are baked at the same time, each by its own real `gpuforge-lab bake` (the
 lab shares two cores: three bakes side by side take far less than three in a row), relaunched
 (new host keys, as an instance of the sanitized image gets) and baked once more, which must change
 nothing. Every other assertion reads those two bakes. The cases that need a changed host (a
@@ -30,9 +30,9 @@ import labtools
 import torchdouble
 import twinlab
 from gpuforge import versions
-from gpuforge.bench import labrun
-from gpuforge.lab import host, state
-from labtools import BIN, LAB_MARKS, REPO, gpuforge, lab, on, playbook, recap, reimage, relaunch
+from gpuforge_lab import host, state
+from gpuforge_lab.bench import labrun
+from labtools import BIN, LAB_MARKS, REPO, gpuforge_lab, lab, on, playbook, recap, reimage, relaunch
 
 TWIN_LAB = labtools.lab_name("twin")
 NAMES = twinlab.names()
@@ -149,7 +149,7 @@ def test_ansible_sees_the_recorded_distributions(twins: dict[str, dict[str, Any]
         assert (facts["ansible_distribution"], facts["ansible_distribution_version"]) == ("Ubuntu", expected)
 
 
-# The bake: `gpuforge bake --local` on every twin, then the same bake again on the relaunched hosts.
+# The bake: `gpuforge-lab bake` on every twin, then the same bake again on the relaunched hosts.
 
 # Packer prefixes what the ansible provisioner prints ("[  1m02s]     null.lab: ..."); without the
 # prefix the lines are ansible-playbook's own, PLAY RECAP included.
@@ -165,9 +165,8 @@ def bake_recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
 def bake(twin: dict[str, Any], work: Path, lab_vars: Path) -> subprocess.CompletedProcess[str]:
     record: twinlab.Twin = twin["record"]
     started = time.monotonic()
-    result = gpuforge(
+    result = gpuforge_lab(
         "bake",
-        "--local",
         "--flavor",
         record.flavor,
         "--lab",

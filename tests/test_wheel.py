@@ -19,14 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuforge.lab.moto import MotoServer
+from gpuforge_lab.moto import MotoServer
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_BIN = Path(sys.executable).parent
 DEV_SITE = Path(sysconfig.get_paths()["purelib"])
 NCCL_LOG = REPO / "tests/fixtures/nccl/adt-p5-2node-srun-label.excerpt.log"
-# What the wheel must not carry: the lab and the other test doubles.
-DOUBLES = ("gpuforge/lab/", "gpuforge/artifacts/", "gpuforge/bench/")
+# What the wheel must not carry: the lab and the other test doubles (the checkout's lab/ project), under
+# their name today and the names they had inside the product package before.
+DOUBLES = ("gpuforge_lab/", "gpuforge/lab/", "gpuforge/artifacts/", "gpuforge/bench/")
+DOUBLE_MODULES = ("gpuforge_lab", "gpuforge.lab", "gpuforge.artifacts", "gpuforge.bench")
 
 
 def _run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -130,8 +132,7 @@ def test_data_files_come_from_the_installed_package(
     probe = (
         "import importlib.util, json; from gpuforge import paths, versions; "
         "print(json.dumps({'root': str(paths.share_root()), 'hash': versions.load().digest, "
-        "'doubles': [m for m in ('gpuforge.lab', 'gpuforge.artifacts', 'gpuforge.bench') "
-        "if importlib.util.find_spec(m)]}))"
+        f"'doubles': [m for m in {DOUBLE_MODULES!r} if importlib.util.find_spec(m)]}}))"
     )
     result = _run([str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path, env=outside)
     assert result.returncode == 0, result.stderr
@@ -219,5 +220,21 @@ def test_the_lab_is_not_a_command_of_the_wheel(outside: dict[str, str], tmp_path
     local = _run(["gpuforge", "bake", "--local"], cwd=tmp_path, env=outside)
     assert local.returncode == 2
     assert local.stderr.strip() == (
-        "gpuforge: error: --local bakes a host of the local lab, which only a gpuforge checkout has"
+        "gpuforge: error: --local: lab hosts are baked with `gpuforge-lab bake`, the lab of a gpuforge "
+        "checkout (pip install -e ./lab); `gpuforge bake` bakes AMIs on AWS"
     )
+
+
+def test_the_package_list_is_the_product_with_nothing_left_out_by_hand() -> None:
+    """pyproject lists every package under scripts/gpuforge and the collection, no more: the test doubles
+    are a project of their own (lab/), so the product's list needs no exclusions to keep them out."""
+    import tomllib
+
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    scripts = REPO / "scripts"
+    inits = (scripts / "gpuforge").rglob("__init__.py")
+    on_disk = sorted(".".join(init.parent.relative_to(scripts).parts) for init in inits)
+    assert sorted(listed) == sorted([*on_disk, "ansible_collections.gpuforge.gpu"])
+    assert not [name for name in on_disk if name.startswith(DOUBLE_MODULES)]
+    lab = tomllib.loads((REPO / "lab" / "pyproject.toml").read_text())
+    assert lab["project"]["scripts"] == {"gpuforge-lab": "gpuforge_lab.cli:main"}

@@ -1,8 +1,8 @@
 """TEST DOUBLE of the pinned PyTorch wheel, for the bakes of the twins and golden images (tests' side).
 
-The double itself is built by gpuforge.artifacts.torchdouble (its docstring says what it reports and
+The double itself is built by gpuforge_lab.artifacts.torchdouble (its docstring says what it reports and
 what it cannot show: no CUDA kernels, no NCCL library), and every lab's artifact server serves it
-(gpuforge.artifacts.fixtures, test-doubles/ and fixture.json's torch_double). It carries the
+(gpuforge_lab.artifacts.fixtures, test-doubles/ and fixture.json's torch_double). It carries the
 production identity from versions.yml (torch-2.14.1+cu130-...whl, torch.version.cuda 13.0, NCCL
 2.30.7), so the pytorch role runs with its defaults and only pytorch_wheel_url and
 pytorch_wheel_sha256 point at the lab (inventory/group_vars/gpuforge_lab/artifacts.yml), in the
@@ -15,8 +15,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from gpuforge.artifacts import torchdouble
-from gpuforge.bench import labrun
+from gpuforge_lab.artifacts import torchdouble
+from gpuforge_lab.bench import labrun
 
 IDENTITY = torchdouble.pinned()
 FILE_NAME = IDENTITY.file_name

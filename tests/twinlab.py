@@ -1,7 +1,7 @@
 """TEST DOUBLES: base-image twins, lab images made from recorded descriptions of real AMIs.
 
 A record (tests/twins/<name>.yml) says what a supported base image contains, with its public
-sources. `build(name)` turns it into a lab image (`gpuforge lab up --image`): a copy of the lab's
+sources. `build(name)` turns it into a lab image (`gpuforge-lab up --image`): a copy of the lab's
 Debian 12 root filesystem overlaid with the record's os-release, dpkg entries (dummy packages built
 with dpkg-deb), files, version banners and stub binaries. Only Debian's archive is reachable here,
 so a twin is not Ubuntu: it tests gpuforge's decisions on the image (adopt, install, refuse), not
@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
-from gpuforge.artifacts import fixtures as artifact_fixtures
-from gpuforge.lab import images as lab_images
-from gpuforge.lab import rootfs as lab_rootfs
+from gpuforge_lab import images as lab_images
+from gpuforge_lab import rootfs as lab_rootfs
+from gpuforge_lab.artifacts import fixtures as artifact_fixtures
 
 RECORDS = Path(__file__).resolve().parent / "twins"
 MARKER = "GPUFORGE-TWIN"  # in every file a twin adds, so no one mistakes it for the real thing
@@ -351,7 +351,7 @@ def _build_locked(twin: Twin, root: Path) -> str:
         # digest (an overlay's lower layer). Only an image no host mounts is removed.
         if not lab_images.in_use(stale):
             shutil.rmtree(stale)
-    # Under the same lock `gpuforge lab up` and `make lab-rootfs` take around building the Debian tree.
+    # Under the same lock `gpuforge-lab up` and `make lab-rootfs` take around building the Debian tree.
     base = lab_rootfs.ensure_rootfs()
     partial = root / f".{twin.image}.partial"
     shutil.rmtree(partial, ignore_errors=True)

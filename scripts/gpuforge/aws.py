@@ -107,5 +107,5 @@ def _caller_module() -> str:
 CREDENTIALS_HINT = (
     "provide AWS credentials: set AWS_PROFILE (after `aws configure` or `aws sso login`), or "
     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run on an instance with an IAM role; "
-    'for the local lab: eval "$(gpuforge lab env)"'
+    'for the local lab: eval "$(gpuforge-lab env)"'
 )

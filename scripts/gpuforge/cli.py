@@ -24,7 +24,6 @@ from gpuforge.errors import ExternalError, UserError
 
 # Feature modules, each exposing register(subparsers). Add a module here to add its commands.
 _COMMAND_MODULES = (
-    "gpuforge.lab.cli",
     "gpuforge.pcluster.cli",
     "gpuforge.pcluster.roll",
     "gpuforge.preflight.cli",
@@ -34,15 +33,11 @@ _COMMAND_MODULES = (
     "gpuforge.fleet.cli",
 )
 
-# Commands only a checkout has (`pip install .` leaves the lab out).
-_CHECKOUT_ONLY = ("gpuforge.lab.cli",)
-
 Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuforge", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"gpuforge {__version__}")
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    """-v/--verbose, which run() reads (the checkout's `gpuforge-lab` takes it too)."""
     parser.add_argument(
         "-v",
         "--verbose",
@@ -50,16 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="log debug detail; -vv adds botocore's wire log (credentials, signatures, tokens redacted)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuforge", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gpuforge {__version__}")
+    add_verbose(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # The lab is a checkout's test double: the wheel does not carry it (pyproject).
-            if name in _CHECKOUT_ONLY and exc.name == name.rsplit(".", 1)[0]:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -77,8 +71,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace, prog: str = "gpuforge") -> int:
+    """Run the parsed command's handler: a user's mistake exits 2 and a failed external call 1, each with one
+    line on stderr (`PROG: error: ...`), never a traceback."""
     logsafe.configure(args.verbose)
     handler: Handler = args.handler
     try:
@@ -90,18 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = _one_line(exc)
         if isinstance(cause, NoCredentialsError | PartialCredentialsError):
             message += f"; {CREDENTIALS_HINT}"
-        print(f"gpuforge: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: {message}", file=sys.stderr)
         return UserError.exit_code if isinstance(cause, _USER_MISTAKES) else exc.exit_code
     except (NoCredentialsError, PartialCredentialsError) as exc:
         # Missing credentials are the user's to fix, wherever the first AWS call happens.
-        print(f"gpuforge: error: {exc}; {CREDENTIALS_HINT}", file=sys.stderr)
+        print(f"{prog}: error: {exc}; {CREDENTIALS_HINT}", file=sys.stderr)
         return UserError.exit_code
     except (BotoCoreError, ClientError) as exc:
         # Anything else botocore raises outside gpuforge's own handling: one line, never a traceback.
-        print(f"gpuforge: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return UserError.exit_code if isinstance(exc, _USER_MISTAKES) else ExternalError.exit_code
     except KeyboardInterrupt:
-        print("gpuforge: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -47,15 +47,6 @@ def share_root() -> Path:
 repo_root = share_root
 
 
-def checkout_root() -> Path:
-    """The gpuforge checkout, for what only a checkout has (the lab's test fixtures, the tests)."""
-    env = os.environ.get("GPUFORGE_ROOT")
-    root = Path(env) if env else _checkout()
-    if root is None or not (root / "tests").is_dir():
-        raise UserError("this needs a gpuforge checkout (the lab and its fixtures are not installed by pip)")
-    return root
-
-
 def versions_file() -> Path:
     return share_root() / "versions.yml"
 

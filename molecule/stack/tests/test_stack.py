@@ -2,7 +2,7 @@
 
 The EFA installer the host ran is the signed TEST FIXTURE from tests/fixtures/artifacts (it records
 what it was asked to do) and torch is the TEST DOUBLE of the pinned CUDA wheel
-(gpuforge.artifacts.torchdouble: its identity, no CUDA kernels); everything else is real: Debian's RDMA
+(gpuforge_lab.artifacts.torchdouble: its identity, no CUDA kernels); everything else is real: Debian's RDMA
 packages, NVIDIA's NCCL library. The host has no GPU and no EFA device.
 """
 

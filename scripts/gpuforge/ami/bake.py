@@ -1,4 +1,4 @@
-"""Bake a golden AMI (amazon-ebs) or a lab host (null source over SSH) with the same Packer build.
+"""Bake a golden AMI (amazon-ebs) or a running host (null source over SSH) with the same Packer build.
 
 A failed bake registers no image and moves no parameter: when Packer fails, or its result does not
 check out (no manifest, missing tags, never available), every image tagged with this bake's
@@ -39,7 +39,8 @@ from gpuforge.errors import ExternalError, UserError
 LOG = logging.getLogger(__name__)
 
 AWS_SOURCE = "amazon-ebs.gpu"
-LAB_SOURCE = "null.lab"
+# The template's null source: SSH to a host that already runs (packer/gpuforge.pkr.hcl source "null" "lab").
+HOST_SOURCE = "null.lab"
 # Value of the parallelcluster:os tag, which ParallelCluster compares with the cluster's Image.Os.
 PCLUSTER_OSES = images.IMAGE_OSES
 PCLUSTER_OS = PCLUSTER_OSES["ubuntu22.04"]
@@ -425,48 +426,49 @@ def bake_aws(options: BakeOptions) -> images.Image:
 
 
 @dataclass(frozen=True)
-class LabTarget:
-    host: str
-    ip: str
-    user: str
-    key: str
+class HostTarget:
+    """An SSH host to bake in place with Packer's null source: no AWS call, nothing registered.
+
+    A plain address and login, so whoever owns the host (the checkout's lab, `gpuforge-lab bake`) resolves
+    it and this module needs nothing of theirs.
+    """
+
+    host: str  # address Packer connects to (IP or DNS name)
+    user: str  # SSH user with passwordless sudo
+    # None: Packer uses the SSH agent (the template's lab_private_key_file "").
+    private_key_file: Path | None = None
+    port: int = 22
+    name: str = ""  # how logs name the host (default: its address)
+
+    def __post_init__(self) -> None:
+        if not self.host or not self.user:
+            raise UserError("a host bake needs the host's address and SSH user")
+        # lab_port is a number in packer/variables.pkr.hcl; a TCP port is 16 bits (RFC 9293 3.1), 0 reserved.
+        if not 0 < self.port < 65536:
+            raise UserError(f"SSH port {self.port} is not a TCP port (1-65535)")
+        if self.private_key_file is not None and not self.private_key_file.is_file():
+            raise UserError(f"SSH private key {self.private_key_file} does not exist")
 
 
-def lab_target(lab_name: str, host: str | None = None) -> LabTarget:
-    """The lab host to bake, from `gpuforge lab status` (the lab module's status data)."""
-    from gpuforge.lab import core as lab_core
+def bake_host(options: BakeOptions, target: HostTarget) -> Path:
+    """Run the same provisioners over SSH against one host; return the run directory.
 
-    info = lab_core.status(lab_name)
-    hosts = info.get("hosts", [])
-    candidates = [h for h in hosts if host in (None, h.get("name"), h.get("ip"))]
-    if not candidates:
-        names = ", ".join(str(h.get("name")) for h in hosts) or "none"
-        raise UserError(f"lab {lab_name!r} has no host {host!r}; its hosts are: {names}")
-    chosen = candidates[0]
-    if not chosen.get("ssh"):
-        raise ExternalError(
-            f"lab host {chosen.get('name')} ({chosen.get('ip')}) does not answer SSH; "
-            f"see `gpuforge lab status --name {lab_name}`"
-        )
-    return LabTarget(str(chosen["name"]), str(chosen["ip"]), str(info["ssh_user"]), str(info["ssh_key"]))
-
-
-def bake_local(options: BakeOptions, target: LabTarget) -> Path:
-    """Run the same provisioners over SSH against a lab host; return the run directory.
-
-    No AWS call is made and nothing is registered: the lab host itself is the result (sanitized,
-    so its SSH keys are gone afterwards, exactly as in an image).
+    No AWS call is made and nothing is registered: the host itself is the result (sanitized, so its SSH
+    keys are gone afterwards, exactly as in an image).
     """
     manifest = versions.load()
     image_targets = options.resolve_targets(manifest)
     run = Run.new(options.work_dir)
     variables = {
         **_common_variables(options, run, _tags(options, manifest, image_targets), image_targets),
-        "lab_host": target.ip,
+        "lab_host": target.host,
+        "lab_port": target.port,
         "lab_username": target.user,
-        "lab_private_key_file": target.key,
+        "lab_private_key_file": str(target.private_key_file) if target.private_key_file else "",
     }
-    artifacts = _run_packer(run, variables, LAB_SOURCE)
-    installed_tags(run)  # Logs what the host really carries now; a lab host has no tags to write.
-    LOG.info("local bake %s of %s finished (%d build(s))", run.build_id, target.host, len(artifacts))
+    artifacts = _run_packer(run, variables, HOST_SOURCE)
+    installed_tags(run)  # Logs what the host really carries now; a host bake has no tags to write.
+    LOG.info(
+        "host bake %s of %s finished (%d build(s))", run.build_id, target.name or target.host, len(artifacts)
+    )
     return run.directory

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import sys
@@ -19,6 +18,10 @@ from gpuforge.pcluster.rollout import ConfigChange
 from gpuforge.pcluster.validate import AmiFacts
 
 LOG = logging.getLogger(__name__)
+LOCAL_MOVED = (
+    "--local: lab hosts are baked with `gpuforge-lab bake`, the lab of a gpuforge checkout "
+    "(pip install -e ./lab); `gpuforge bake` bakes AMIs on AWS"
+)
 _DEFAULT_TARGETS_HELP = "; ".join(
     f"{flavor}: {','.join(names)}" for flavor, names in targets.DEFAULT_TARGETS.items()
 )
@@ -97,14 +100,9 @@ def _region_key(text: str) -> tuple[str, str]:
     return region.strip(), key.strip()
 
 
-def _add_bake(parser: argparse.ArgumentParser) -> None:
+def add_host_bake_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every bake takes, of an EC2 builder here or of a running host (`gpuforge-lab bake`)."""
     _add_common(parser)
-    _add_publish(parser)
-    parser.add_argument(
-        "--instance-type",
-        default="g5.2xlarge",
-        help="builder instance type (only decides what the bake can check, never what it installs)",
-    )
     parser.add_argument(
         "--target-instance-types",
         type=targets.parse,
@@ -112,7 +110,6 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
         help="instance types the image is for; they decide the hardware-specific installs "
         f"(default per flavor: {_DEFAULT_TARGETS_HELP})",
     )
-    parser.add_argument("--base-ami", help="bake on this AMI instead of resolving the newest base")
     parser.add_argument(
         "--base-os",
         choices=images.BASE_OSES,
@@ -121,15 +118,45 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
         "or the ParallelCluster AMI for --flavor pcluster)",
     )
     parser.add_argument(
+        "--pcluster-version", help="ParallelCluster release (default: the installed aws-parallelcluster)"
+    )
+    parser.add_argument(
+        "--extra-vars", type=Path, metavar="FILE", help="YAML/JSON vars for ansible-playbook -e @FILE"
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, help="where bakes keep templates, logs, manifests (default build/ami)"
+    )
+
+
+def host_bake_options(args: argparse.Namespace) -> bake.BakeOptions:
+    """The options add_host_bake_arguments parsed, for bake.bake_host."""
+    return bake.BakeOptions(
+        flavor=args.flavor,
+        region=args.region,
+        base_os=args.base_os,
+        pcluster_version=args.pcluster_version,
+        target_instance_types=args.target_instance_types,
+        extra_vars_file=args.extra_vars,
+        work_dir=args.work_dir,
+    )
+
+
+def _add_bake(parser: argparse.ArgumentParser) -> None:
+    add_host_bake_arguments(parser)
+    _add_publish(parser)
+    parser.add_argument(
+        "--instance-type",
+        default="g5.2xlarge",
+        help="builder instance type (only decides what the bake can check, never what it installs)",
+    )
+    parser.add_argument("--base-ami", help="bake on this AMI instead of resolving the newest base")
+    parser.add_argument(
         "--base-parameter",
         help="SSM parameter naming the DLAMI base (default: the public Deep Learning Base OSS Nvidia Driver "
         "GPU AMI parameter of --base-os)",
     )
     parser.add_argument(
         "--base-owner", default=images.AMAZON_OWNER, help="owner of the ParallelCluster base AMI"
-    )
-    parser.add_argument(
-        "--pcluster-version", help="ParallelCluster release (default: the installed aws-parallelcluster)"
     )
     parser.add_argument("--subnet-id", default="", help="subnet for the builder (default VPC when empty)")
     parser.add_argument(
@@ -165,12 +192,6 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
         help="with --kms-key-id: the customer key (of REGION) for the copy in REGION (the template's "
         "region_kms_key_ids); every --copy-region needs one; repeatable",
     )
-    parser.add_argument(
-        "--extra-vars", type=Path, metavar="FILE", help="YAML/JSON vars for ansible-playbook -e @FILE"
-    )
-    parser.add_argument(
-        "--work-dir", type=Path, help="where bakes keep templates, logs, manifests (default build/ami)"
-    )
     parser.add_argument("--no-publish", action="store_true", help="register the image but do not publish it")
     parser.add_argument(
         "--candidate",
@@ -181,15 +202,12 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p_bake = sub.add_parser("bake", help="bake a golden AMI with Packer (or a lab host with --local)")
+    p_bake = sub.add_parser("bake", help="bake a golden AMI with Packer on AWS")
     _add_bake(p_bake)
-    p_bake.add_argument("--local", action="store_true", help="bake a lab host over SSH instead of an AMI")
-    p_bake.add_argument("--lab", default="bake", help="lab name for --local (see `gpuforge lab up`)")
-    p_bake.add_argument("--host", help="lab host name or IP for --local (default: the first)")
     p_bake.add_argument(
-        "--save-image",
-        metavar="NAME",
-        help="with --local: keep the baked host as lab image NAME (`gpuforge lab up --image NAME`)",
+        "--local",
+        action="store_true",
+        help="moved: a lab host is baked with `gpuforge-lab bake`, a checkout's lab (this exits 2 saying so)",
     )
     p_bake.set_defaults(handler=_bake)
 
@@ -344,30 +362,10 @@ def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> in
 
 
 def _bake(args: argparse.Namespace) -> int:
-    options = _options(args)
     if args.local:
-        if args.cluster_config or args.parameter:
-            raise UserError(
-                "--local bakes a lab host and registers no image: drop --parameter/--cluster-config"
-            )
-        if importlib.util.find_spec("gpuforge.lab") is None:
-            raise UserError("--local bakes a host of the local lab, which only a gpuforge checkout has")
-        from gpuforge.lab import core as lab_core
-        from gpuforge.lab import images as lab_images
-
-        target = bake.lab_target(args.lab, args.host)
-        if args.save_image:
-            lab_images.require_new(args.save_image)
-        run_dir = bake.bake_local(options, target)
-        if args.save_image:
-            # The lab's "register image": the sanitized host becomes the tree new hosts boot from.
-            info = lab_core.save_image(args.lab, target.host, args.save_image)
-            LOG.info("saved lab image %s (%d MiB)", info.name, info.size_bytes // 2**20)
-        print(run_dir)
-        return 0
-    if args.save_image:
-        raise UserError("--save-image keeps a lab host as a lab image: use it with --local")
-    return _bake_and_publish(args, options)
+        # The lab is a checkout's test double (lab/ in the repository), not part of this package.
+        raise UserError(LOCAL_MOVED)
+    return _bake_and_publish(args, _options(args))
 
 
 def _rebuild(args: argparse.Namespace) -> int:

@@ -49,7 +49,7 @@ LEGACY_MAX = (1, 7, 0)  # exclusive: Packer 1.6 (Debian 12's package) takes the 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 # Where boto3 sends EC2 calls when told to (the AWS SDKs' service-specific endpoint first, then the global
 # one: https://docs.aws.amazon.com/sdkref/latest/guide/feature-ss-endpoints.html). The tests and the lab
-# point these at moto on loopback (gpuforge.lab.moto.MotoServer.env); a production bake sets neither.
+# point these at moto on loopback (gpuforge_lab.moto.MotoServer.env); a production bake sets neither.
 EC2_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL")
 # How long Packer gets to clean up (terminate its builder, delete its key pair and security group)
 # after gpuforge interrupts a build, before it is killed.
@@ -265,7 +265,7 @@ def emulated_ec2(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def require_for_aws(packer: Packer, environ: Mapping[str, str] | None = None) -> None:
-    """Refuse a Packer older than MODERN_MIN for a bake on AWS (not --local).
+    """Refuse a Packer older than MODERN_MIN for a bake on AWS (not a lab host's, `gpuforge-lab bake`).
 
     The pipeline policy lets Packer modify, copy, tag and clean up only images that carry the bake's
     gpuforge:build-id, which the amazon plugin puts on the image with CreateImage itself (run_tags,
@@ -286,7 +286,7 @@ def require_for_aws(packer: Packer, environ: Mapping[str, str] | None = None) ->
         "(gpuforge:build-id) on the image from CreateImage on, and Packer before "
         f"{'.'.join(map(str, MODERN_MIN))} tags the image only at its last step, so its image calls and its "
         f"cleanup are denied. Install Packer >= {'.'.join(map(str, MODERN_MIN))} (set GPUFORGE_PACKER to "
-        "its path); Packer 1.6 serves only `gpuforge bake --local` and an EC2 emulator on loopback "
+        "its path); Packer 1.6 serves only `gpuforge-lab bake` and an EC2 emulator on loopback "
         f"({' or '.join(EC2_ENDPOINT_VARIABLES)})"
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuforge.lab import system
+from gpuforge_lab import system
 
 
 def bridge_name(index: int) -> str:

@@ -12,8 +12,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from gpuforge.lab import state, system
-from gpuforge.lab.state import cache_root
+from gpuforge_lab import state, system
+from gpuforge_lab.state import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ deb {MIRROR} {SUITE}-updates main contrib non-free non-free-firmware
 deb http://deb.debian.org/debian-security {SUITE}-security main contrib non-free non-free-firmware
 """
 SSHD_CONFIG = """\
-# gpuforge lab: keys only, no DNS lookups (the lab has no resolver).
+# The gpuforge lab: keys only, no DNS lookups (the lab has no resolver).
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UseDNS no

@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from gpuforge import aws, instance_types, paths
-from gpuforge.lab import rootfs
-from gpuforge.lab.state import HostState, LabState
+from gpuforge_lab import rootfs
+from gpuforge_lab.state import HostState, LabState
 
 PCLUSTER_VERSION = "3.16.1"  # The aws-parallelcluster release pinned in requirements/constraints.txt.
 AZ_SUFFIX = "a"

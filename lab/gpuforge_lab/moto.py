@@ -65,7 +65,7 @@ class MotoServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpuforge.lab.motoserver", "-H", HOST, "-p", str(self.port)],
+                [sys.executable, "-m", "gpuforge_lab.motoserver", "-H", HOST, "-p", str(self.port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -1,6 +1,6 @@
 """Build the artifact server's TEST FIXTURES: a fake EFA installer tarball, signed.
 
-    python -m gpuforge.artifacts.fixtures build --out DIR [--efa-version V] [--wheel PATH ...]
+    python -m gpuforge_lab.artifacts.fixtures build --out DIR [--efa-version V] [--wheel PATH ...]
 
 The tarball wraps tests/fixtures/artifacts/efa/aws-efa-installer/ (a stand-in installer that
 records what it was asked to do and puts a stand-in aws-ofi-nccl library, compiled here from
@@ -44,28 +44,29 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpuforge import paths, versions
-from gpuforge.artifacts import torchdouble
+from gpuforge import versions
 from gpuforge.errors import ExternalError, UserError
+from gpuforge_lab import checkout
+from gpuforge_lab.artifacts import torchdouble
 
 FIXTURE_UID = "gpuforge TEST FIXTURE signing key (not an AWS key) <test-fixture@gpuforge.invalid>"
 IMPOSTOR_UID = "gpuforge TEST FIXTURE impostor key (must be refused) <impostor@gpuforge.invalid>"
 
 
 def fixture_source() -> Path:
-    return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "efa" / "aws-efa-installer"
+    return checkout.fixtures_dir() / "efa" / "aws-efa-installer"
 
 
 def plugin_source() -> Path:
-    return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "efa" / "ofi-nccl-standin.c"
+    return checkout.fixtures_dir() / "efa" / "ofi-nccl-standin.c"
 
 
 def ofi_source() -> Path:
-    return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "ofi" / "aws-ofi-nccl"
+    return checkout.fixtures_dir() / "ofi" / "aws-ofi-nccl"
 
 
 def nccl_tests_source() -> Path:
-    return paths.checkout_root() / "tests" / "fixtures" / "artifacts" / "nccl-tests" / "nccl-tests"
+    return checkout.fixtures_dir() / "nccl-tests" / "nccl-tests"
 
 
 @dataclass
@@ -84,7 +85,7 @@ class Fixtures:
     nccl_tests_tarball: str = ""  # relative to root
     nccl_tests_sha256: str = ""
     wheels: dict[str, str] = field(default_factory=dict)  # file name -> sha256
-    # The PyTorch wheel TEST DOUBLE with versions.yml's identity (gpuforge.artifacts.torchdouble):
+    # The PyTorch wheel TEST DOUBLE with versions.yml's identity (gpuforge_lab.artifacts.torchdouble):
     # file (under test-doubles/) and sha256, what the lab's pytorch_wheel_url and _sha256 point at.
     torch_double: dict[str, str] = field(default_factory=dict)
 
@@ -310,7 +311,7 @@ def build(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpuforge.artifacts.fixtures",
+        prog="python -m gpuforge_lab.artifacts.fixtures",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -16,9 +16,9 @@ import uuid
 from pathlib import Path
 
 from gpuforge.errors import ExternalError
-from gpuforge.lab import cgroup, system
-from gpuforge.lab.rootfs import SSH_USER
-from gpuforge.lab.state import HostState, LabState
+from gpuforge_lab import cgroup, system
+from gpuforge_lab.rootfs import SSH_USER
+from gpuforge_lab.state import HostState, LabState
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Lab images: a baked lab host's whole disk kept so new hosts boot from it (the lab's AMI).
 
-`gpuforge bake --local --save-image NAME` (or `lab image save`) stops the baked host, as EC2
+`gpuforge-lab bake --save-image NAME` (or `lab image save`) stops the baked host, as EC2
 stops an instance to snapshot it, and copies the host's merged tree (its overlay over the tree it
 booted from) into `<cache>/images/NAME/rootfs`. A flattened copy, not the overlay's upper layer:
 the image then depends on no other tree, holds no overlay whiteouts, and can be inspected as a
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuforge.errors import ExternalError, UserError
-from gpuforge.lab import host, system
-from gpuforge.lab.rootfs import SSH_USER
-from gpuforge.lab.state import HostState, LabState, cache_root
+from gpuforge_lab import host, system
+from gpuforge_lab.rootfs import SSH_USER
+from gpuforge_lab.state import HostState, LabState, cache_root
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def validate_name(name: str) -> str:
 def require_new(name: str) -> str:
     """A valid name no image has yet (checked before a bake, so the bake is not wasted)."""
     if (images_root() / validate_name(name)).exists():
-        raise UserError(f"lab image {name!r} already exists; remove it with `gpuforge lab image rm {name}`")
+        raise UserError(f"lab image {name!r} already exists; remove it with `gpuforge-lab image rm {name}`")
     return name
 
 
@@ -89,7 +89,7 @@ def rootfs(name: str) -> Path:
         known = ", ".join(info.name for info in list_images()) or "none"
         raise UserError(
             f"no lab image {name!r} (images here: {known}); make one with "
-            "`gpuforge bake --local --save-image NAME` or `gpuforge lab image save`"
+            "`gpuforge-lab bake --save-image NAME` or `gpuforge-lab image save`"
         )
     return directory / "rootfs"
 
@@ -100,7 +100,7 @@ def load(name: str) -> ImageInfo:
     if info is None:
         raise UserError(
             f"lab image {name!r} has unreadable metadata ({path}); "
-            f"remove it with `gpuforge lab image rm {name}`"
+            f"remove it with `gpuforge-lab image rm {name}`"
         )
     return info
 
@@ -190,7 +190,7 @@ def capture(lab: LabState, node: HostState, name: str, lower: Path) -> ImageInfo
     if not info.sanitized:
         log.warning(
             "image %s still holds host-specific state (SSH keys or a machine-id); hosts started from it "
-            "share them. Bake with `gpuforge bake --local` so sanitize.sh runs first.",
+            "share them. Bake with `gpuforge-lab bake` so sanitize.sh runs first.",
             name,
         )
     return info

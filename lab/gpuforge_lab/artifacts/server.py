@@ -1,7 +1,7 @@
 """Serve a directory of artifacts over HTTP to lab hosts.
 
-    python -m gpuforge.artifacts.server --root DIR --lab NAME [--port N] [--state-file F]
-    python -m gpuforge.artifacts.server --root DIR --listen 127.0.0.1:8000
+    python -m gpuforge_lab.artifacts.server --root DIR --lab NAME [--port N] [--state-file F]
+    python -m gpuforge_lab.artifacts.server --root DIR --listen 127.0.0.1:8000
 
 The server only ever binds to loopback or to the bridge gateway address of a lab that is up
 (the address lab hosts reach the control host by), never to a wildcard or a public address.
@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any
 
 from gpuforge.errors import UserError
-from gpuforge.lab import state
+from gpuforge_lab import state
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def serving(root: Path, host: str = "127.0.0.1", port: int = 0) -> Iterator[Arti
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gpuforge.artifacts.server",
+        prog="python -m gpuforge_lab.artifacts.server",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -150,7 +150,7 @@ def _resolve_listen(args: argparse.Namespace) -> tuple[str, int]:
         return parse_listen(args.listen)
     lab = state.load(state.validate_name(args.lab))
     if lab is None:
-        raise UserError(f"lab {args.lab!r} is not up; start it with `gpuforge lab up --name {args.lab}`")
+        raise UserError(f"lab {args.lab!r} is not up; start it with `gpuforge-lab up --name {args.lab}`")
     return lab.gateway, args.port
 
 

@@ -1,6 +1,6 @@
 """Drive a lab from benchmarks and reliability tests: up/down through the real CLI, env, host faults.
 
-Lab hosts are systemd-nspawn containers (gpuforge.lab.host). A "killed" host is the
+Lab hosts are systemd-nspawn containers (gpuforge_lab.host). A "killed" host is the
 container's init (systemd, nspawn's child) sent SIGKILL: the kernel then kills every process in
 its PID namespace at once, as a power loss would, and nspawn exits. (SIGKILL to nspawn itself
 would orphan a still-running container.) `restart_host` boots the same writable layer again,
@@ -23,11 +23,11 @@ from typing import Any
 import yaml
 
 from gpuforge import paths
-from gpuforge.bench.timing import run_timed
 from gpuforge.errors import ExternalError, UserError
-from gpuforge.lab import core as lab_core
-from gpuforge.lab import host, state, system
-from gpuforge.lab.moto import free_port
+from gpuforge_lab import core as lab_core
+from gpuforge_lab import host, state, system
+from gpuforge_lab.bench.timing import run_timed
+from gpuforge_lab.moto import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -52,9 +52,10 @@ def recap_totals(output: str) -> tuple[int, int, int]:
     return len(stats), sum(s["changed"] for s in stats), sum(s["unreachable"] + s["failed"] for s in stats)
 
 
-def gpuforge(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def gpuforge_lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """The lab's CLI, `gpuforge-lab`, as a subprocess."""
     return subprocess.run(
-        [str(BIN / "gpuforge"), *args], capture_output=True, text=True, check=False, timeout=timeout
+        [str(BIN / "gpuforge-lab"), *args], capture_output=True, text=True, check=False, timeout=timeout
     )
 
 
@@ -69,12 +70,12 @@ class Lab:
         return hosts
 
     def env(self) -> dict[str, str]:
-        """What `gpuforge lab env` exports, as a dict."""
+        """What `gpuforge-lab env` exports, as a dict."""
         return lab_core.env_exports(self.name)
 
     def ssh(self, host_name: str, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(BIN / "gpuforge"), "lab", "ssh", "--name", self.name, host_name, "--", command],
+            [str(BIN / "gpuforge-lab"), "ssh", "--name", self.name, host_name, "--", command],
             capture_output=True,
             text=True,
             check=False,
@@ -86,19 +87,19 @@ def up(name: str, nodes: int, attempts: int = 2, image: str | None = None) -> La
     """A fresh lab (an old one of the same name is taken down first) with moto on a free port.
 
     On a loaded machine a host occasionally fails to boot; `lab up` then tears everything down,
-    so trying once more is safe. `image` boots the hosts from a lab image (`gpuforge lab image`).
+    so trying once more is safe. `image` boots the hosts from a lab image (`gpuforge-lab image`).
     """
     error = ""
     for _ in range(attempts):
-        gpuforge("lab", "down", "--name", name)
+        gpuforge_lab("down", "--name", name)
         port = str(free_port())
-        args = ["lab", "up", "--name", name, "--nodes", str(nodes), "--moto-port", port, "--json"]
-        out = gpuforge(*args, *(["--image", image] if image else []))
+        args = ["up", "--name", name, "--nodes", str(nodes), "--moto-port", port, "--json"]
+        out = gpuforge_lab(*args, *(["--image", image] if image else []))
         if out.returncode == 0:
             return Lab(name=name, info=json.loads(out.stdout))
         error = out.stderr.strip()
-        print(f"gpuforge lab up --name {name} failed, retrying: {error}", file=sys.stderr)
-    raise ExternalError(f"gpuforge lab up --name {name} failed {attempts} times: {error}")
+        print(f"gpuforge-lab up --name {name} failed, retrying: {error}", file=sys.stderr)
+    raise ExternalError(f"gpuforge-lab up --name {name} failed {attempts} times: {error}")
 
 
 # The lab cannot reach NVIDIA's repositories: this playbook builds signed TEST-FIXTURE stand-ins on
@@ -129,7 +130,7 @@ def prepare_fixtures(env: dict[str, str]) -> None:
 
 
 def write_bake_vars(work_dir: Path) -> Path:
-    """The lab's artifact sources (FIXTURE_VARS) as one extra-vars file for `gpuforge bake --local`.
+    """The lab's artifact sources (FIXTURE_VARS) as one extra-vars file for `gpuforge-lab bake`.
 
     Packer's ansible provisioner builds its own inventory, so the lab's group_vars do not apply;
     the same variables, and only those, are handed over as extra vars instead.
@@ -140,7 +141,7 @@ def write_bake_vars(work_dir: Path) -> Path:
     return path
 
 
-# The instance types a lab's hosts have (head node and compute nodes, gpuforge.lab.core.LabSpec):
+# The instance types a lab's hosts have (head node and compute nodes, gpuforge_lab.core.LabSpec):
 # a golden image baked for both is the image of a cluster whose every node boots from it, so each
 # lab host is among its targets and can take the golden fast path (docs/manifest.md).
 LAB_TARGETS = (lab_core.LabSpec.compute_type, lab_core.LabSpec.head_type)
@@ -162,9 +163,8 @@ def bake_image(
         lab_vars = write_bake_vars(work_dir)
         seconds, _ = run_timed(
             [
-                str(BIN / "gpuforge"),
+                str(BIN / "gpuforge-lab"),
                 "bake",
-                "--local",
                 "--lab",
                 lab.name,
                 "--work-dir",
@@ -185,7 +185,7 @@ def bake_image(
 
 
 def down(name: str) -> None:
-    gpuforge("lab", "down", "--name", name)
+    gpuforge_lab("down", "--name", name)
 
 
 def _host_state(name: str, host_name: str) -> tuple[state.LabState, state.HostState]:

@@ -5,7 +5,7 @@ the seconds moto took (moto's own time); later identical requests are answered f
 query API carries its parameters (Action, Filters, MaxResults, NextToken) in the body and the
 signature in headers, so the body names a page. GET /replay-stats returns the counters as JSON.
 
-Run: python -m gpuforge.bench.replay --port PORT --upstream http://127.0.0.1:MOTO_PORT
+Run: python -m gpuforge_lab.bench.replay --port PORT --upstream http://127.0.0.1:MOTO_PORT
 A benchmark aid only (it forwards to a loopback emulator); nothing in production uses it.
 """
 
@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpuforge.lab.moto import HOST
+from gpuforge_lab.moto import HOST
 
 STATS_PATH = "/replay-stats"
 

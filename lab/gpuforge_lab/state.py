@@ -57,7 +57,7 @@ class HostState:
     veth: str = ""
     pid: int | None = None
     instance_id: str | None = None
-    # The host's own cgroup directories (gpuforge.lab.cgroup), removed when it stops.
+    # The host's own cgroup directories (gpuforge_lab.cgroup), removed when it stops.
     cgroups: list[str] = field(default_factory=list)
 
 
@@ -140,5 +140,5 @@ def allocate_index() -> int:
         if index not in used:
             return index
     raise UserError(
-        "no free lab subnet: 249 labs are up; bring some down with `gpuforge lab down --name NAME`"
+        "no free lab subnet: 249 labs are up; bring some down with `gpuforge-lab down --name NAME`"
     )

@@ -1,24 +1,47 @@
-"""`gpuforge lab ...`: the local lab of real hosts plus an emulated EC2."""
+"""`gpuforge-lab ...`: the local lab of real hosts plus an emulated EC2, a gpuforge checkout's test double.
+
+`gpuforge-lab bake` bakes a lab host with the product's own bake (gpuforge.ami.bake.bake_host), given the
+host as a plain SSH target; nothing of the product imports this package.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from gpuforge import __version__
+from gpuforge import cli as product_cli
+from gpuforge.ami import bake as product_bake
+from gpuforge.ami import cli as ami_cli
 from gpuforge.cliargs import positive_int
-from gpuforge.errors import UserError
-from gpuforge.lab import core, host, images, state
+from gpuforge.errors import ExternalError, UserError
+from gpuforge_lab import core, host, images, state
 
+LOG = logging.getLogger(__name__)
+PROG = "gpuforge-lab"
 DEFAULT_NAME = os.environ.get("GPUFORGE_LAB", "default")
 
 
-def register(sub: Any) -> None:
-    lab = sub.add_parser("lab", help="local lab: real Debian hosts over SSH and moto as EC2")
-    lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    product_cli.add_verbose(parser)
+    register(parser.add_subparsers(dest="lab_command", required=True, metavar="ACTION"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return product_cli.run(build_parser().parse_args(argv), prog=PROG)
+
+
+def register(lab_sub: Any) -> None:
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = lab_sub.add_parser(name, help=help_text)
@@ -50,7 +73,7 @@ def register(sub: Any) -> None:
     p_status.add_argument("--json", action="store_true")
     p_status.set_defaults(handler=_status)
 
-    p_env = add("env", 'print shell exports for Ansible/boto3 against the lab: eval "$(gpuforge lab env)"')
+    p_env = add("env", 'print shell exports for Ansible/boto3 against the lab: eval "$(gpuforge-lab env)"')
     p_env.set_defaults(handler=_env)
 
     _register_images(lab_sub, add)
@@ -59,6 +82,54 @@ def register(sub: Any) -> None:
     p_ssh.add_argument("host", help="host name or IP (see lab status)")
     p_ssh.add_argument("remote", nargs=argparse.REMAINDER, help="command to run")
     p_ssh.set_defaults(handler=_ssh)
+
+    p_bake = lab_sub.add_parser(
+        "bake", help="bake a lab host with the same Packer build as an AMI (null source over SSH)"
+    )
+    p_bake.add_argument("--lab", default="bake", help="lab name (default: %(default)s)")
+    ami_cli.add_host_bake_arguments(p_bake)
+    p_bake.add_argument("--host", help="lab host name or IP (default: the first)")
+    p_bake.add_argument(
+        "--save-image",
+        metavar="NAME",
+        help=f"keep the baked host as lab image NAME (`{PROG} up --image NAME`)",
+    )
+    p_bake.set_defaults(handler=_bake)
+
+
+def bake_target(lab_name: str, host_name: str | None = None) -> product_bake.HostTarget:
+    """The lab host to bake as the plain SSH target the product's bake takes, from the lab's status."""
+    info = core.status(lab_name)
+    hosts = info.get("hosts", [])
+    candidates = [h for h in hosts if host_name in (None, h.get("name"), h.get("ip"))]
+    if not candidates:
+        names = ", ".join(str(h.get("name")) for h in hosts) or "none"
+        raise UserError(f"lab {lab_name!r} has no host {host_name!r}; its hosts are: {names}")
+    chosen = candidates[0]
+    if not chosen.get("ssh"):
+        raise ExternalError(
+            f"lab host {chosen.get('name')} ({chosen.get('ip')}) does not answer SSH; "
+            f"see `{PROG} status --name {lab_name}`"
+        )
+    return product_bake.HostTarget(
+        host=str(chosen["ip"]),
+        user=str(info["ssh_user"]),
+        private_key_file=Path(str(info["ssh_key"])),
+        name=str(chosen["name"]),
+    )
+
+
+def _bake(args: argparse.Namespace) -> int:
+    target = bake_target(args.lab, args.host)
+    if args.save_image:
+        images.require_new(args.save_image)
+    run_dir = product_bake.bake_host(ami_cli.host_bake_options(args), target)
+    if args.save_image:
+        # The lab's "register image": the sanitized host becomes the tree new hosts boot from.
+        info = core.save_image(args.lab, target.name, args.save_image)
+        LOG.info("saved lab image %s (%d MiB)", info.name, info.size_bytes // 2**20)
+    print(run_dir)
+    return 0
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -76,7 +147,7 @@ def _up(args: argparse.Namespace) -> int:
     else:
         print(f"lab {lab.name!r} is up: {len(lab.hosts)} hosts on {lab.subnet_prefix}.0/24")
         _print_hosts(core.status(lab.name))
-        print(f'next: eval "$(gpuforge lab env --name {lab.name})" && ansible all -m ping')
+        print(f'next: eval "$(gpuforge-lab env --name {lab.name})" && ansible all -m ping')
     return 0
 
 
@@ -109,7 +180,7 @@ def _image_save(args: argparse.Namespace) -> int:
         print(
             f"image {info.name!r} saved from {info.source_host} ({info.size_bytes / 2**20:.0f} MiB, "
             f"{'sanitized' if info.sanitized else 'NOT sanitized'}); the host is stopped. "
-            f"Boot hosts from it with `gpuforge lab up --image {info.name}`"
+            f"Boot hosts from it with `gpuforge-lab up --image {info.name}`"
         )
     return 0
 
@@ -185,3 +256,7 @@ def _ssh(args: argparse.Namespace) -> int:
     cmd = host.ssh_command(lab, matches[0], *args.remote, connect_timeout=5)
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)  # noqa: S606 (replace this process with ssh, like `ssh` itself)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

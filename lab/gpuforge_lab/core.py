@@ -17,9 +17,9 @@ from typing import Any
 
 from gpuforge import instance_types
 from gpuforge.errors import ExternalError, UserError
-from gpuforge.lab import ec2, host, images, network, rootfs, state, system
-from gpuforge.lab.moto import MotoServer, port_in_use
-from gpuforge.lab.state import HostState, LabState
+from gpuforge_lab import ec2, host, images, network, rootfs, state, system
+from gpuforge_lab.moto import MotoServer, port_in_use
+from gpuforge_lab.state import HostState, LabState
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class LabSpec:
     compute_type: str = "p5.48xlarge"
     queue: str = "gpu"
     moto_port: int | None = 5000  # None: no emulated EC2 (Molecule only needs hosts).
-    image: str | None = None  # A lab image (`gpuforge lab image`) to boot from instead of the rootfs.
+    image: str | None = None  # A lab image (`gpuforge-lab image`) to boot from instead of the rootfs.
 
 
 def _plan_hosts(spec: LabSpec, prefix: str) -> list[HostState]:
@@ -88,11 +88,11 @@ def up(spec: LabSpec) -> LabState:
             if _alive(existing):
                 raise UserError(
                     f"lab {spec.name!r} is already up with {len(existing.hosts)} hosts; "
-                    f"run `gpuforge lab down --name {spec.name}` first"
+                    f"run `gpuforge-lab down --name {spec.name}` first"
                 )
             raise UserError(
                 f"lab {spec.name!r} has state from an earlier run that is no longer running; "
-                f"clean it with `gpuforge lab down --name {spec.name}`"
+                f"clean it with `gpuforge-lab down --name {spec.name}`"
             )
         if spec.moto_port is not None and port_in_use(spec.moto_port):
             raise UserError(
@@ -172,7 +172,8 @@ def _start_artifacts(lab: LabState) -> int:
     wheels = (
         sorted(Path("/opt/wheels").glob("torch-*+cpu-cp311-*.whl")) if Path("/opt/wheels").is_dir() else []
     )
-    build = [sys.executable, "-m", "gpuforge.artifacts.fixtures", "build", "--out", str(lab.artifacts_dir)]
+    fixtures = "gpuforge_lab.artifacts.fixtures"
+    build = [sys.executable, "-m", fixtures, "build", "--out", str(lab.artifacts_dir)]
     for wheel in wheels[-1:]:
         build += ["--wheel", str(wheel)]
     system.run(build)
@@ -180,7 +181,7 @@ def _start_artifacts(lab: LabState) -> int:
     proc = _spawn(
         lab,
         "artifacts",
-        "gpuforge.artifacts.server",
+        "gpuforge_lab.artifacts.server",
         "--root",
         str(lab.artifacts_dir),
         "--lab",
@@ -230,7 +231,7 @@ def _start_proxy(lab: LabState) -> int:
     proc = _spawn(
         lab,
         "proxy",
-        "gpuforge.lab.aptproxy",
+        "gpuforge_lab.aptproxy",
         "--listen",
         lab.gateway,
         "--port",
@@ -261,7 +262,7 @@ def _tear_down(lab: LabState) -> None:
             network.delete_host_link(node.netns, node.veth)
     system.stop_process(lab.moto_pid, "motoserver")
     system.stop_process(lab.proxy_pid, "aptproxy")
-    system.stop_process(lab.artifacts_pid, "gpuforge.artifacts.server")
+    system.stop_process(lab.artifacts_pid, "gpuforge_lab.artifacts.server")
     network.delete_bridge(lab.bridge)
     shutil.rmtree(lab.directory, ignore_errors=True)
 
@@ -279,7 +280,7 @@ def save_image(name: str, host_name: str, image: str) -> images.ImageInfo:
     with state.locked(name):
         lab = state.load(name)
         if lab is None:
-            raise UserError(f"lab {name!r} is not up; start it with `gpuforge lab up --name {name}`")
+            raise UserError(f"lab {name!r} is not up; start it with `gpuforge-lab up --name {name}`")
         matches = [h for h in lab.hosts if host_name in (h.name, h.ip, h.instance_id)]
         if not matches:
             hosts = ", ".join(h.name for h in lab.hosts)
@@ -309,7 +310,7 @@ def status(name: str) -> dict[str, Any]:
     state.validate_name(name)
     lab = state.load(name)
     if lab is None:
-        raise UserError(f"lab {name!r} is not up; start it with `gpuforge lab up --name {name}`")
+        raise UserError(f"lab {name!r} is not up; start it with `gpuforge-lab up --name {name}`")
     hosts = []
     for node in lab.hosts:
         running = system.pid_alive(node.pid, node.netns)
@@ -325,10 +326,10 @@ def status(name: str) -> dict[str, Any]:
 
 
 def env_exports(name: str) -> dict[str, str]:
-    """Environment for running Ansible and the CLI against this lab (see `gpuforge lab env`)."""
+    """Environment for running Ansible and the CLI against this lab (see `gpuforge-lab env`)."""
     lab = state.load(state.validate_name(name))
     if lab is None:
-        raise UserError(f"lab {name!r} is not up; start it with `gpuforge lab up --name {name}`")
+        raise UserError(f"lab {name!r} is not up; start it with `gpuforge-lab up --name {name}`")
     values = {
         "GPUFORGE_LAB": lab.name,
         "ANSIBLE_PRIVATE_KEY_FILE": lab.ssh_key,
