@@ -249,6 +249,18 @@ def trigger(node: Node, cluster: str) -> list[str]:
     ]
 
 
+def _addresses(node: Node) -> list[str]:
+    """The IPv4/IPv6 addresses of the host's own interfaces (its network namespace)."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", node.netns, "ip", "-o", "addr", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    return [field.split("/")[0] for line in out.splitlines() for field in line.split()[3:4]]
+
+
 def boot_path(image: str, work: Path) -> BootResult:
     """(c) and (d) on a fresh host: boot to ready, and what it contacted."""
     lab = labrun.up("nlboot", 2, image=image)
@@ -268,7 +280,7 @@ def boot_path(image: str, work: Path) -> BootResult:
         health = subprocess.run(inside(node, *CLEAN_ENV, HEALTH), capture_output=True, text=True, timeout=300)
         ready = _boottime() - booted
         snmp_end = _snmp(node)
-        connections = nodecost.parse_strace(trace.read_text().splitlines())
+        connections = nodecost.parse_strace(trace.read_text().splitlines(), own=_addresses(node))
         if out.returncode != 0 or health.returncode != 0:
             print(
                 f"[boot] action exit {out.returncode}, health exit {health.returncode}:\n"
@@ -383,7 +395,7 @@ BOOT_HEADERS = [
 ]
 BOOT_HEADERS += ["health", "result"]
 CONNECTION_HEADERS = ["custom action at boot (strace, whole process tree)", "outbound (routable)"]
-CONNECTION_HEADERS += ["link-local (IMDS)", "loopback", "local sockets"]
+CONNECTION_HEADERS += ["link-local (IMDS)", "loopback", "the host's own address", "local sockets"]
 
 
 def report(args: argparse.Namespace, ssh: PathResult, local: PathResult, boot: BootResult) -> str:
@@ -433,12 +445,14 @@ def report(args: argparse.Namespace, ssh: PathResult, local: PathResult, boot: B
                     len(c.outbound),
                     len(c.link_local),
                     len(c.loopback),
+                    len(c.own_address),
                     c.local_sockets,
                 ]
             ],
         ),
         f"outbound: {', '.join(c.outbound) or 'none'}; "
-        f"loopback: {', '.join(sorted(set(c.loopback))) or 'none'}",
+        f"loopback: {', '.join(sorted(set(c.loopback))) or 'none'}; "
+        f"own address: {', '.join(sorted(set(c.own_address))) or 'none'}",
         f"host's netns counters, loopback included: {_counters('boot until up', boot.boot_counters)}; "
         f"{_counters('during the action', boot.action_counters)}",
         "",

@@ -196,3 +196,15 @@ def test_classify_ip_addresses() -> None:
         "outbound",
     ]
     assert math.isclose(nodecost.parse_timespan("1d"), 86400.0)
+
+
+def test_parse_strace_counts_the_hosts_own_address_apart_from_outbound() -> None:
+    """Recorded on a lab host at boot: a TCP connect to the host's own address (10.213.1.11, port 0)
+    never leaves it; counted as outbound, it made the offline boot look like it called out."""
+    line = (
+        '1234  connect(7, {sa_family=AF_INET, sin_port=htons(0), sin_addr=inet_addr("10.213.1.11")}, 16)'
+        " = -1 ECONNREFUSED (Connection refused)"
+    )
+    assert nodecost.parse_strace([line]).outbound == ["10.213.1.11:0"]
+    found = nodecost.parse_strace([line], own=["10.213.1.11", "fe80::1"])
+    assert (found.outbound, found.own_address) == ([], ["10.213.1.11:0"])

@@ -146,6 +146,7 @@ class Connections:
     outbound: list[str] = field(default_factory=list)  # routable: another host, the internet
     link_local: list[str] = field(default_factory=list)  # 169.254/16, fe80::/10: IMDS, the VPC's DNS
     loopback: list[str] = field(default_factory=list)
+    own_address: list[str] = field(default_factory=list)  # the host's own interface addresses
     local_sockets: int = 0  # AF_UNIX, AF_NETLINK: never leave the host
 
 
@@ -161,7 +162,7 @@ def classify(address: str) -> str:
     return "outbound"
 
 
-def parse_strace(lines: Iterable[str]) -> Connections:
+def parse_strace(lines: Iterable[str], own: Iterable[str] = ()) -> Connections:
     """Count connect()/sendto()/sendmsg()/sendmmsg() calls in `strace -f` output by destination.
 
     A call counts whether or not it succeeded (an attempt is what a private subnet refuses). A
@@ -169,6 +170,8 @@ def parse_strace(lines: Iterable[str]) -> Connections:
     was. Resumed lines ('<... connect resumed>') carry no address and are skipped.
     """
     found = Connections()
+    # A call to one of the host's own addresses (e.g. a probe of its primary address) stays on it.
+    own_ips = {ipaddress.ip_address(a) for a in own}
     for line in lines:
         if "resumed>" in line or not _SYSCALL.search(line):
             continue
@@ -180,7 +183,10 @@ def parse_strace(lines: Iterable[str]) -> Connections:
             continue
         ports = _PORT.findall(line)
         where = f"{addresses[-1]}:{ports[-1]}" if ports else addresses[-1]
-        getattr(found, classify(addresses[-1])).append(where)
+        if ipaddress.ip_address(addresses[-1]) in own_ips:
+            found.own_address.append(where)
+        else:
+            getattr(found, classify(addresses[-1])).append(where)
     return found
 
 
