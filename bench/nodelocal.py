@@ -389,9 +389,9 @@ def main() -> int:
 
 BOOT_HEADERS = [
     "golden compute host, fresh",
-    "init start -> up s",
+    "init start to up s",
     "custom action s",
-    "init start -> ready s",
+    "init start to ready s",
 ]
 BOOT_HEADERS += ["health", "result"]
 CONNECTION_HEADERS = ["custom action at boot (strace, whole process tree)", "outbound (routable)"]
