@@ -698,19 +698,6 @@ def test_host_target_refuses_what_ssh_cannot_use(fields: dict[str, Any], message
         bake.HostTarget(**fields)
 
 
-def test_no_product_module_imports_the_lab() -> None:
-    """The product package imports none of the checkout's test doubles (gpuforge_lab)."""
-    package = REPO / "scripts" / "gpuforge"
-    offenders = [
-        str(path.relative_to(package))
-        for path in sorted(package.rglob("*.py"))
-        if re.search(r"^\s*(from|import)\s+gpuforge_lab\b", path.read_text(), re.MULTILINE)
-    ]
-    assert offenders == []
-    assert not (package / "lab").exists() and not (package / "artifacts").exists()
-    assert not (package / "bench").exists()
-
-
 def test_modern_packer_gets_plugin_requirements_and_init(
     dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

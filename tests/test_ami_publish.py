@@ -307,7 +307,7 @@ def test_force_warns(aws: MotoServer, caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_unavailable_image_is_refused() -> None:
-    from gpuforge.ami import fitness
+    from gpuforge import fitness
 
     pending = images.Image("ami-0123456789abcdef0", "x", "", "pending", {}, ())
     found = fitness.problems(pending, "dlami", for_pcluster=False)

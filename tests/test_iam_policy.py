@@ -139,7 +139,7 @@ def test_client_records_each_call_with_its_caller(
 
 def test_pipeline_commands_on_moto_call_only_granted_actions(aws: MotoServer, tmp_path: Path) -> None:
     """publish and prune as the scheduled job runs them, each a separate process."""
-    # Tagged as a bake tags it: publish refuses an image without gpuforge's tags (gpuforge.ami.fitness).
+    # Tagged as a bake tags it: publish refuses an image without gpuforge's tags (gpuforge.fitness).
     amis = [baked_image("pcluster", f"gpuforge-pcluster-{n}") for n in range(3)]
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, gpuforge_aws.CALL_LOG_ENV: str(log)}

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
 from gpuforge import aws
+from gpuforge.amiid import check_ami_id
 from gpuforge.errors import ExternalError, UserError
-from gpuforge.pcluster.config import check_ami_id
+
+# What the pipeline and the cluster-config commands both read from an image lives below both, in
+# gpuforge.image; these names stay here for the pipeline's modules.
+from gpuforge.image import BUILD_ID_TAG as BUILD_ID_TAG
+from gpuforge.image import FLAVOR_TAG as FLAVOR_TAG
+from gpuforge.image import OS_TAG as OS_TAG
+from gpuforge.image import PCLUSTER_OS_TAG as PCLUSTER_OS_TAG
+from gpuforge.image import SOURCE_AMI_TAG as SOURCE_AMI_TAG
+from gpuforge.image import Image as Image
+from gpuforge.image import describe as describe
+from gpuforge.image import describe_images as _describe
+from gpuforge.image import ec2_client as _ec2
 from gpuforge.versions import HASH_TAG
 
 LOG = logging.getLogger(__name__)
@@ -20,22 +30,11 @@ LOG = logging.getLogger(__name__)
 # `rebuild --if-stale`.
 INPUTS_HASH_TAG = "gpuforge:inputs-hash"
 FLAVORS = ("dlami", "pcluster")
-FLAVOR_TAG = "gpuforge:flavor"
-BUILD_ID_TAG = "gpuforge:build-id"
-SOURCE_AMI_TAG = "gpuforge:source-ami-id"
 SOURCE_AMI_NAME_TAG = "gpuforge:source-ami-name"
 GIT_REVISION_TAG = "gpuforge:git-revision"
 BUILD_TIME_TAG = "gpuforge:build-time"
 # Comma-separated regions a bake copied the image to (Packer's ami_regions); every copy carries it too.
 COPY_REGIONS_TAG = "gpuforge:copy-regions"
-# The image's OS in ParallelCluster's spelling, on every gpuforge image (both flavors), so that the
-# Ubuntu 22.04 and 24.04 images of one flavor are told apart: listed, published and judged stale
-# separately. pcluster-flavor images also carry ParallelCluster's own tag, which its
-# AmiOsCompatibleValidator compares with the cluster's Image.Os (aws-parallelcluster 3.16.1,
-# pcluster/validators/ec2_validators.py AmiOsCompatibleValidator; pcluster/constants.py
-# PCLUSTER_IMAGE_OS_TAG = "parallelcluster:os").
-OS_TAG = "gpuforge:os"
-PCLUSTER_OS_TAG = "parallelcluster:os"
 
 # The supported bases: the Deep Learning Base OSS Nvidia Driver GPU AMI on Ubuntu 22.04 (default)
 # and 24.04. AWS keeps a public SSM parameter pointed at the newest of each (DLAMI release notes).
@@ -63,63 +62,6 @@ _LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 def pcluster_name_filter(pcluster_version: str, base_os: str = "ubuntu22.04") -> str:
     """Name pattern of the official ParallelCluster Ubuntu x86_64 AMIs of one release."""
     return f"aws-parallelcluster-{pcluster_version}-ubuntu-{base_os[6:].replace('.', '')}-lts-hvm-x86_64*"
-
-
-@dataclass(frozen=True)
-class Image:
-    id: str
-    name: str
-    creation_date: str  # ISO 8601 as EC2 returns it; sorts chronologically
-    state: str
-    tags: dict[str, str]
-    snapshot_ids: tuple[str, ...]
-    # GiB of the root volume's snapshot: every node's RootVolume.Size must be at least this. Read as
-    # ParallelCluster reads it, from the first block device mapping (aws-parallelcluster 3.16.1,
-    # pcluster/aws/aws_resources.py ImageInfo.volume_size); None when EC2 did not say.
-    root_volume_gib: int | None = None
-
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> Image:
-        mappings = data.get("BlockDeviceMappings", [])
-        snapshots = tuple(
-            bdm["Ebs"]["SnapshotId"] for bdm in mappings if bdm.get("Ebs", {}).get("SnapshotId")
-        )
-        size = mappings[0].get("Ebs", {}).get("VolumeSize") if mappings else None
-        return cls(
-            id=data["ImageId"],
-            name=data.get("Name", ""),
-            creation_date=data.get("CreationDate", ""),
-            state=data.get("State", ""),
-            tags={t["Key"]: t["Value"] for t in data.get("Tags", [])},
-            snapshot_ids=snapshots,
-            root_volume_gib=int(size) if size is not None else None,
-        )
-
-    @property
-    def os(self) -> str | None:
-        """ubuntu2204 / ubuntu2404 from ParallelCluster's tag, else gpuforge's; None when untagged."""
-        return self.tags.get(PCLUSTER_OS_TAG) or self.tags.get(OS_TAG)
-
-
-def _ec2(region: str | None) -> Any:
-    return aws.client("ec2", region_name=region)
-
-
-def _describe(ec2: Any, **kwargs: Any) -> list[Image]:
-    try:
-        pages = ec2.get_paginator("describe_images").paginate(**kwargs)
-        return [Image.from_api(item) for page in pages for item in page["Images"]]
-    except ClientError as exc:
-        if exc.response["Error"]["Code"] == "InvalidAMIID.NotFound":
-            raise UserError(f"image {', '.join(kwargs.get('ImageIds', []))} does not exist: {exc}") from None
-        raise ExternalError(f"EC2 DescribeImages failed: {exc}") from exc
-
-
-def describe(ami_id: str, region: str | None = None) -> Image:
-    images = _describe(_ec2(region), ImageIds=[check_ami_id(ami_id)])
-    if not images:
-        raise UserError(f"image {ami_id} does not exist in {region or aws.region()}")
-    return images[0]
 
 
 def _age(image: Image) -> tuple[str, str]:

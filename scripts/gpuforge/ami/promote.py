@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuforge import aws
-from gpuforge.ami import canary, fitness, images, publish
+from gpuforge import aws, fitness
+from gpuforge.ami import canary, images, publish
 from gpuforge.errors import UserError
 from gpuforge.pcluster.rollout import ConfigChange
 

@@ -10,8 +10,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from gpuforge import aws
-from gpuforge.ami import fitness, images
+from gpuforge import aws, fitness
+from gpuforge.ami import images
+from gpuforge.amiid import check_ami_id
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.pcluster import config as pcluster_config
 from gpuforge.pcluster import rollout, update
@@ -66,7 +67,7 @@ def write_parameter(name: str, ami_id: str, region: str | None = None) -> int:
     try:
         result = ssm.put_parameter(
             Name=name,
-            Value=pcluster_config.check_ami_id(ami_id),
+            Value=check_ami_id(ami_id),
             Type="String",
             DataType="aws:ec2:image",
             Overwrite=True,
@@ -211,7 +212,7 @@ def publish(
     *,
     change: ConfigChange | None = None,
 ) -> list[PatchedConfig]:
-    """Publish an existing image that qualifies (gpuforge.ami.fitness: available, gpuforge's tags, the
+    """Publish an existing image that qualifies (gpuforge.fitness: available, gpuforge's tags, the
     parameter's flavor, and a pcluster image for ParallelCluster configs); return the configs patched.
 
     parameter None: default_parameter(flavor, the image's OS), and the deprecated legacy parameter too

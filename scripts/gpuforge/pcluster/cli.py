@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuforge.amiid import check_ami_id
 from gpuforge.errors import UserError
 from gpuforge.pcluster import rollout
 from gpuforge.pcluster.config import (
     QUEUE_UPDATE_STRATEGIES,
-    check_ami_id,
     custom_amis,
     document_text,
     dump_config,
@@ -36,8 +36,8 @@ def _emit(config: dict[str, Any], out: Path | None) -> None:
 
 def _image_facts(ami: str, region: str | None, force: bool = False) -> AmiFacts | None:
     """The image's OS tag and root snapshot size, read from EC2 (None with force when it cannot be)."""
-    # Imported here: reading the image needs boto3 and the AMI pipeline, which offline actions do not.
-    from gpuforge.ami import images
+    # Imported here: reading the image needs boto3, which offline actions do not.
+    from gpuforge import image as images
     from gpuforge.errors import ExternalError, UserError
 
     try:
@@ -88,8 +88,8 @@ def _set_ami(args: argparse.Namespace) -> int:
     )
     # The config's own mistakes (a bad id, an unknown queue) first, before any AWS call.
     set_custom_ami(document, args.ami, change.queues, cluster_wide=change.cluster_wide)
-    # Imported here: the image check needs boto3 and the AMI pipeline, which the other actions do not.
-    from gpuforge.ami import fitness
+    # Imported here: the image check needs boto3, which the other actions do not.
+    from gpuforge import fitness
 
     region = _region_of(document)
     fitness.require(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,12 +16,10 @@ from typing import Any
 
 import yaml
 
+from gpuforge.amiid import check_ami_id, is_ami_id
 from gpuforge.errors import UserError
 
 LOG = logging.getLogger(__name__)
-
-# EC2 image ids are "ami-" plus 8 (older) or 17 hex digits, the same lengths ParallelCluster's schema accepts.
-AMI_ID_RE = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 
 
 def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
@@ -189,15 +186,9 @@ def image_shape_errors(config: dict[str, Any]) -> list[str]:
     for prefix, holder in holders:
         image = mapping(holder.get("Image"), f"{prefix}Image")
         ami = image.get("CustomAmi")
-        if ami is not None and not (isinstance(ami, str) and AMI_ID_RE.match(ami)):
+        if ami is not None and not is_ami_id(ami):
             errors.append(f"{prefix}Image.CustomAmi {ami!r} is not an AMI id")
     return errors
-
-
-def check_ami_id(ami_id: str) -> str:
-    if not isinstance(ami_id, str) or not AMI_ID_RE.match(ami_id):
-        raise UserError(f"invalid AMI id {ami_id!r}: expected ami- followed by 8 or 17 hex digits")
-    return ami_id
 
 
 # ParallelCluster's QueueUpdateStrategy values (aws-parallelcluster 3.16.1,

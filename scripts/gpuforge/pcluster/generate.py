@@ -31,8 +31,9 @@ from pcluster.validators.fsx_validators import (
 )
 
 from gpuforge import instance_types
+from gpuforge.amiid import check_ami_id
 from gpuforge.errors import UserError
-from gpuforge.pcluster.config import DEFAULT_QUEUE_UPDATE_STRATEGY, check_ami_id
+from gpuforge.pcluster.config import DEFAULT_QUEUE_UPDATE_STRATEGY
 from gpuforge.pcluster.validate import AmiFacts, image_errors, supported_regions, validate
 
 # Image.Os must be the OS of the image (its parallelcluster:os tag): ParallelCluster's

@@ -282,8 +282,9 @@ def write(document: dict[str, Any], source: Path, out: Path | None) -> Path:
 
 def _image_facts(ami: str, region: str | None, force: bool) -> AmiFacts | None:
     """The image checked as `cluster-config set-ami` checks it, and its OS and root volume size."""
-    # Imported here: only the image route needs the AMI pipeline.
-    from gpuforge.ami import fitness, images
+    # Imported here: only the image route reads images from EC2.
+    from gpuforge import fitness
+    from gpuforge import image as images
 
     fitness.require(ami, region, flavor=None, for_pcluster=True, force=force, target="a gpuforge roll")
     try:

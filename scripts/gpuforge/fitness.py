@@ -6,6 +6,8 @@ CustomAmiTagValidator checks (aws-parallelcluster 3.16.1, pcluster/validators/cl
 `parallelcluster:version` equal to the installed release (an ERROR there when it differs; cluster creation
 fails on an AMI ParallelCluster did not prepare) and `parallelcluster:build_status`.
 `--force` turns every finding into a warning.
+
+Below both gpuforge.ami and gpuforge.pcluster (it reads images through gpuforge.image), which both ask it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gpuforge.ami import images
+from gpuforge import image as images
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.versions import HASH_TAG
 
