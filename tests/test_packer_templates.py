@@ -125,7 +125,11 @@ def test_packer_validate_with_fallback_filter_and_lab_key(staged: Path, tmp_path
         ("flavor", "centos", "flavor must be dlami or pcluster"),
         ("source_ami", "ami-123", "source_ami must be an AMI id"),
         ("source_ami", "img-0123456789abcdef0", "source_ami must be an AMI id"),
-        ("root_volume_size_gib", 4, "root_volume_size_gib must be 0 (the base AMI's snapshot size) or between"),
+        (
+            "root_volume_size_gib",
+            4,
+            "root_volume_size_gib must be 0 (the base AMI's snapshot size) or between",
+        ),
         ("ssh_interface", "ssh", "ssh_interface must be session_manager"),
         ("temporary_security_group_source_cidrs", ["0.0.0.0/0"], "must not open SSH to the whole internet"),
         ("instance_type", "g5", "instance_type must look like"),
@@ -381,7 +385,8 @@ def test_builder_is_reached_through_session_manager_or_a_stated_cidr(staged: Pat
     assert "session_manager connectivity requires a valid instance profile" in no_profile.stdout
     no_cidr = _validate(staged, tmp_path, ssh_interface="private_ip", iam_instance_profile=None)
     assert no_cidr.returncode != 0
-    assert "set-temporary_security_group_source_cidrs-when-ssh_interface-is-not-session_manager" in no_cidr.stdout
+    refusal = "set-temporary_security_group_source_cidrs-when-ssh_interface-is-not-session_manager"
+    assert refusal in no_cidr.stdout
     cidr = _validate(
         staged,
         tmp_path,

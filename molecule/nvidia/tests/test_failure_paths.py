@@ -203,9 +203,7 @@ def _failure_play(results: Path) -> list[dict[str, Any]]:
             "name": "Run each failure path and record how it failed",
             "hosts": "nvidia-compute",
             "become": True,
-            "vars_files": [
-                str(SCENARIO.parent.parent / "inventory/group_vars/gpuforge_lab/artifacts.yml")
-            ],
+            "vars_files": [str(SCENARIO.parent.parent / "inventory/group_vars/gpuforge_lab/artifacts.yml")],
             "vars": {"_negative_results": {}},
             "tasks": tasks,
         }
