@@ -126,7 +126,7 @@ TAGS = {
     "parallelcluster:compute-resource-name": "compute_resource",
     "Name": "name_tag",
 }
-# The lab's marker tag (gpuforge lab up); its hosts join the gpuforge_lab group.
+# The lab's marker tag (gpuforge-lab up); its hosts join the gpuforge_lab group.
 LAB_TAG = "gpuforge:lab"
 # inventory/aws_ec2.yml's `gpu` group: instance types matching this (p3-p6, g4-g6 families).
 GPU_TYPE = re.compile(r"^(p[3-6]|g[4-6])")
