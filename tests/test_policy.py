@@ -160,3 +160,34 @@ def test_every_stack_role_decides_through_the_filter_with_the_opt_in() -> None:
 def test_the_opt_in_is_a_default_of_the_shared_role() -> None:
     defaults = (REPO / "roles/gpuforge_common/defaults/main.yml").read_text()
     assert f"{policy.ALLOW_DOWNGRADE_VARIABLE}: false" in defaults
+
+
+@pytest.mark.parametrize(
+    ("version", "minimum", "expected"),
+    [
+        ("1.21.1", "1.21.1", True),
+        ("1.22.0", "1.21.1", True),
+        ("1.9.1", "1.21.1", False),  # number by number, not as text
+        ("1:4.7.0", "4.7.0", True),  # a Debian epoch is not a number of the release
+        ("595.91.07", "580.65.06", True),
+        ("", "580.65.06", False),
+        (None, "1.0", False),
+    ],
+)
+def test_version_at_least_compares_as_the_policy_does(version: Any, minimum: str, expected: bool) -> None:
+    """The one comparison the roles and drift.yml use for floors (they had number-list Jinja copies)."""
+    assert version_policy.version_at_least(version, minimum) is expected
+    if version:
+        assert (policy.compare(version, minimum) >= 0) is expected
+
+
+def test_no_role_or_playbook_compares_versions_in_jinja() -> None:
+    copies = re.compile(r"regex_findall\('\[0-9\]\+'\)\s*\|\s*map\('int'\)")
+    root = Path(__file__).resolve().parents[1]
+    found = [
+        str(path.relative_to(root))
+        for folder in ("roles", "playbooks")
+        for path in sorted((root / folder).rglob("*.yml"))
+        if copies.search(path.read_text())
+    ]
+    assert found == []

@@ -20,7 +20,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import decide, previous_source
+from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import compare, decide, previous_source
 
 
 def _text(value: Any) -> str:
@@ -61,8 +61,17 @@ def version_decision(
     return {**reality, decision.component: decision.record()}
 
 
+def version_at_least(version: Any, minimum: Any) -> bool:
+    """Whether release `version` is `minimum` or newer, compared as the version policy compares
+    (every number in order, a Debian epoch ignored); an empty version is never at least anything."""
+    text = _text(version)
+    if not text:
+        return False
+    return compare(text, _text(minimum)) >= 0
+
+
 class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Any]:
-        return {"version_decision": version_decision}
+        return {"version_decision": version_decision, "version_at_least": version_at_least}
