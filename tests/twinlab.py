@@ -230,6 +230,18 @@ def _efa(out: Overlay, efa: dict[str, Any] | None, plugin: dict[str, Any] | None
             f"# EFA installer version: {efa['version']}\n# Debug packages installed: no\n"
             f"# Packages installed:\n# {MARKER}: recorded, nothing was installed\n",
         )
+        # A full (not --minimal) EFA install ships Open MPI 4 under /opt/amazon/openmpi (openmpi40-aws;
+        # EFA release notes, 1.51.0: "openmpi40-aws-4.1.8-1"; ParallelCluster and the DLAMI document
+        # mpirun there). The header is what the nccl_tests role builds against (MPI_HOME).
+        out.add(
+            "/opt/amazon/openmpi/include/mpi.h",
+            f"/* {MARKER}: Open MPI's header, recorded; no MPI inside */\n#define OMPI_MAJOR_VERSION 4\n",
+        )
+        out.add(
+            "/opt/amazon/openmpi/bin/mpirun",
+            _script(f'echo "{MARKER}: mpirun stand-in" >&2; exit 1\n'),
+            0o755,
+        )
     if plugin is not None:
         # A real ELF shared object carrying the plugin's start-up banner, as the EFA fixture's is.
         out.add(plugin["library"], artifact_fixtures.standin_plugin(plugin["version"], workdir), 0o755)

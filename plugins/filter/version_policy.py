@@ -61,6 +61,19 @@ def version_decision(
     return {**reality, decision.component: decision.record()}
 
 
+def version_decision_message(reality: Any, component: str) -> str:
+    """One line saying what the version policy decided for `component` (the record in `reality`)."""
+    entry = (reality or {}).get(component)
+    if not isinstance(entry, Mapping):
+        raise AnsibleFilterError(f"version_decision_message: no decision recorded for {component!r}")
+    reason = entry.get("reason") or ""
+    return (
+        f"{component}: {entry.get('action')} {entry.get('version')} ({entry.get('source')}); installed before: "
+        f"{entry.get('installed') or 'nothing'}, floor {entry.get('floor')}, pin {entry.get('pinned')}"
+        + (f"; {reason}" if reason else "")
+    )
+
+
 def version_at_least(version: Any, minimum: Any) -> bool:
     """Whether release `version` is `minimum` or newer, compared as the version policy compares
     (every number in order, a Debian epoch ignored); an empty version is never at least anything."""
@@ -74,4 +87,8 @@ class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Any]:
-        return {"version_decision": version_decision, "version_at_least": version_at_least}
+        return {
+            "version_decision": version_decision,
+            "version_decision_message": version_decision_message,
+            "version_at_least": version_at_least,
+        }
