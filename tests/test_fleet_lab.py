@@ -272,8 +272,15 @@ def test_ssm_apply_waits_for_the_running_job(cluster: dict[str, Any]) -> None:
     (tests/ssmdouble.py, a TEST DOUBLE) one node at a time with MaxErrors 0: each node drains, its
     running job ends untouched, the entry point runs after it, and the node takes jobs again."""
     head, (first, second) = cluster["head"], cluster["compute"]
+    # The job runs until its node is draining, then a little longer: the drain must find it running
+    # however slowly the runner reaches the node (a fixed 20 s sleep ended first under CI's load).
+    until_drained = (
+        'for i in $(seq 600); do scontrol show node $(hostname -s) | grep -q "State=.*DRAIN" && break; '
+        "sleep 1; done; sleep 3"
+    )
     job_id = on(
-        head, f"sbatch --parsable -w {first} -o /tmp/ssm-%j.out --wrap 'echo start; sleep 20; echo done'"
+        head,
+        f"sbatch --parsable -w {first} -o /tmp/ssm-%j.out --wrap 'echo start; {until_drained}; echo done'",
     )
     job_id = job_id.strip().split(";")[0]
     on(
