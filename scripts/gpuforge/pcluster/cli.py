@@ -23,7 +23,7 @@ from gpuforge.pcluster.config import (
     to_yaml,
 )
 from gpuforge.pcluster.generate import generate
-from gpuforge.pcluster.validate import AmiFacts, image_errors, validate
+from gpuforge.pcluster.validate import image_errors, image_facts, named_region, validate
 
 
 def _emit(config: dict[str, Any], out: Path | None) -> None:
@@ -34,32 +34,12 @@ def _emit(config: dict[str, Any], out: Path | None) -> None:
         print(f"wrote {out}", file=sys.stderr)
 
 
-def _image_facts(ami: str, region: str | None, force: bool = False) -> AmiFacts | None:
-    """The image's OS tag and root snapshot size, read from EC2 (None with force when it cannot be)."""
-    # Imported here: reading the image needs boto3, which offline actions do not.
-    from gpuforge import image as images
-    from gpuforge.errors import ExternalError, UserError
-
-    try:
-        image = images.describe(ami, region)
-    except (UserError, ExternalError):
-        if not force:
-            raise
-        return None
-    return AmiFacts(image.os, image.root_volume_gib)
-
-
-def _region_of(config: dict[str, Any]) -> str | None:
-    region = config.get("Region")
-    return region if isinstance(region, str) else None
-
-
 def _generate(args: argparse.Namespace) -> int:
     spec = load_yaml_mapping(args.spec, "cluster spec")
     image = None
     if args.check_image:
         ami, region = spec.get("ami"), spec.get("region")
-        image = _image_facts(check_ami_id(str(ami)), region if isinstance(region, str) else None)
+        image = image_facts(check_ami_id(str(ami)), region if isinstance(region, str) else None)
     _emit(generate(spec, image), args.output)
     return 0
 
@@ -70,7 +50,7 @@ def _validate(args: argparse.Namespace) -> int:
     if not args.check_images:
         print(f"{args.config}: valid against the aws-parallelcluster schema (offline; no AWS checks)")
         return 0
-    facts = {ami: _image_facts(ami, _region_of(config)) for ami in sorted(custom_amis(config))}
+    facts = {ami: image_facts(ami, named_region(config)) for ami in sorted(custom_amis(config))}
     problems = image_errors(config, {ami: fact for ami, fact in facts.items() if fact is not None})
     if problems:
         raise UserError(f"{args.config}: its images do not suit it:\n  " + "\n  ".join(problems))
@@ -91,7 +71,7 @@ def _set_ami(args: argparse.Namespace) -> int:
     # Imported here: the image check needs boto3, which the other actions do not.
     from gpuforge import fitness
 
-    region = _region_of(document)
+    region = named_region(document)
     fitness.require(
         args.ami,
         region,
@@ -100,7 +80,7 @@ def _set_ami(args: argparse.Namespace) -> int:
         force=args.force,
         target=f"ParallelCluster config {args.config}",
     )
-    facts = _image_facts(args.ami, region, args.force)
+    facts = image_facts(args.ami, region, args.force)
     result = rollout.patch(document, args.ami, facts, change, f"cluster config {args.config}")
     if args.output is None:
         sys.stdout.write(document_text(result.document))

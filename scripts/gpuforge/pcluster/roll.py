@@ -36,7 +36,7 @@ from gpuforge import aws, noderev
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.pcluster import config as pcluster_config
 from gpuforge.pcluster import rollout, update
-from gpuforge.pcluster.validate import AmiFacts, validate
+from gpuforge.pcluster.validate import AmiFacts, image_facts, named_region, validate
 
 LOG = logging.getLogger(__name__)
 
@@ -284,21 +284,9 @@ def _image_facts(ami: str, region: str | None, force: bool) -> AmiFacts | None:
     """The image checked as `cluster-config set-ami` checks it, and its OS and root volume size."""
     # Imported here: only the image route reads images from EC2.
     from gpuforge import fitness
-    from gpuforge import image as images
 
     fitness.require(ami, region, flavor=None, for_pcluster=True, force=force, target="a gpuforge roll")
-    try:
-        image = images.describe(ami, region)
-    except (UserError, ExternalError):
-        if not force:
-            raise
-        return None
-    return AmiFacts(image.os, image.root_volume_gib)
-
-
-def _region(config: dict[str, Any]) -> str | None:
-    region = config.get("Region")
-    return region if isinstance(region, str) else None
+    return image_facts(ami, region, force)
 
 
 @dataclass(frozen=True)
@@ -344,7 +332,7 @@ def _roll_ami(args: argparse.Namespace, document: dict[str, Any], deployed: dict
     change = rollout.ConfigChange(queues=args.queue, queue_update_strategy=args.queue_update_strategy)
     # The config's own mistakes (a bad id, an unknown queue) first, before any AWS call.
     pcluster_config.set_custom_ami(document, args.ami, change.queues)
-    facts = _image_facts(args.ami, _region(document), args.force)
+    facts = _image_facts(args.ami, named_region(document), args.force)
     result = rollout.patch(document, args.ami, facts, change, f"cluster config {args.config}")
     plan = result.plan if deployed is None else update.plan(deployed, pcluster_config.plain(result.document))
     return Rolled(result.document, plan, f"image {args.ami}", None)
@@ -387,7 +375,7 @@ def _roll(args: argparse.Namespace) -> int:
     if deployed is not None:
         source += f" against the deployed {args.deployed_config}"
     refuse_unless_accepted(rolled.plan, source)
-    region = _region(document)
+    region = named_region(document)
     if rolled.publish is not None:
         _publish(args, region, rolled.publish)
     written = write(rolled.document, args.config, args.output)

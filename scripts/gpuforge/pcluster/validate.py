@@ -237,3 +237,24 @@ def validate(config: dict[str, Any]) -> None:
     weakened = security_errors(config)
     if weakened:
         raise UserError("the cluster config turns off a security default:\n  " + "\n  ".join(weakened))
+
+
+def image_facts(ami: str, region: str | None, force: bool = False) -> AmiFacts | None:
+    """The image's OS tag and root snapshot size, read from EC2 (None with force when it cannot be)."""
+    # Imported here: reading the image needs boto3, which offline actions do not.
+    from gpuforge import image as images
+    from gpuforge.errors import ExternalError, UserError
+
+    try:
+        image = images.describe(ami, region)
+    except (UserError, ExternalError):
+        if not force:
+            raise
+        return None
+    return AmiFacts(image.os, image.root_volume_gib)
+
+
+def named_region(config: dict[str, Any]) -> str | None:
+    """A cluster config's Region, when it names one (config_region also falls back to the environment)."""
+    region = config.get("Region")
+    return region if isinstance(region, str) else None
