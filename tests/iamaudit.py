@@ -2,7 +2,8 @@
 
 Two views of "the calls", which must agree with the policy's Gpuforge* statements:
 - static: every boto3 operation, paginator and waiter named in the pipeline's source
-  (gpuforge.ami and gpuforge.pcluster), so a code path no test exercises still needs its grant;
+  (gpuforge.ami, gpuforge.pcluster and the gpuforge modules they import), so a code path no
+  test exercises still needs its grant;
 - recorded: every call the tests really made, from the GPUFORGE_AWS_CALL_LOG that gpuforge.aws
   writes (botocore before-call hooks), attributed to the gpuforge module that made it.
 The Packer* statements come from Packer's documented minimal policy (PACKER_DOCUMENTED below).
@@ -24,9 +25,61 @@ import boto3
 
 REPO = Path(__file__).resolve().parents[1]
 POLICY = REPO / "packer" / "iam" / "pipeline-policy.json"
-# The code the pipeline role runs: bake, rebuild, publish, prune (and set-ami, which publish calls).
-PIPELINE_PACKAGES = ("gpuforge.ami", "gpuforge.pcluster")
-PIPELINE_SOURCES = (REPO / "scripts" / "gpuforge" / "ami", REPO / "scripts" / "gpuforge" / "pcluster")
+SOURCE_ROOT = REPO / "scripts"
+# The code the pipeline role runs: bake, rebuild, publish, prune (and set-ami, which publish calls),
+# with every gpuforge module those packages import (gpuforge.image, gpuforge.amiid, ...): a helper
+# moved out of gpuforge.ami still makes the pipeline's calls.
+PIPELINE_ROOTS = ("gpuforge.ami",)
+
+
+def _module_file(module: str) -> Path | None:
+    base = SOURCE_ROOT.joinpath(*module.split("."))
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The gpuforge modules `path` imports (absolute or relative), as dotted names."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name == "gpuforge" or name.startswith("gpuforge.")}
+
+
+@cache
+def pipeline_files() -> tuple[Path, ...]:
+    """The source files of PIPELINE_ROOTS and of every gpuforge module they import, transitively."""
+    roots = [SOURCE_ROOT.joinpath(*root.split(".")) for root in PIPELINE_ROOTS]
+    todo = [f for root in roots for f in sorted(root.rglob("*.py"))]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        todo.extend(f for name in _imports(path) if (f := _module_file(name)) is not None)
+    return tuple(sorted(seen))
+
+
+def pipeline_packages() -> tuple[str, ...]:
+    return tuple(sorted(_module_name(path) for path in pipeline_files()))
+
 
 # The amazon plugin's "minimal set of permissions" (packer-plugin-amazon docs/builders/index.mdx,
 # "IAM Task or Instance Role"), plus iam:PassRole/iam:GetInstanceProfile from its troubleshooting
@@ -125,35 +178,79 @@ def _operations(service: str) -> tuple[str, dict[str, str], dict[str, str]]:
     return made.meta.service_model.signing_name, dict(made.meta.method_to_api_mapping), waiters
 
 
-def static_actions(sources: Iterable[Path] = PIPELINE_SOURCES) -> dict[str, set[str]]:
+def _literal_arg(node: ast.Call) -> str | None:
+    first = node.args[0] if node.args else None
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
+def _call_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+        return node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+    return None
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> imported name, for `from x import name as local`."""
+    return {
+        alias.asname: alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.asname
+    }
+
+
+def _client_factories(trees: dict[Path, ast.Module]) -> dict[str, set[str]]:
+    """Function name -> the services it makes clients for: a function that calls `client("ec2")`, or
+    calls such a function (gpuforge.image.ec2_client, and whoever wraps it), is a client factory."""
+    factories: dict[str, set[str]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for tree in trees.values():
+            aliases = _aliases(tree)
+            for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+                services: set[str] = set()
+                for node in ast.walk(func):
+                    name = _call_name(node)
+                    if name == "client" and isinstance(node, ast.Call) and (literal := _literal_arg(node)):
+                        services.add(literal)
+                    elif name is not None:
+                        services |= factories.get(aliases.get(name, name), set())
+                if services - factories.get(func.name, set()):
+                    factories.setdefault(func.name, set()).update(services)
+                    changed = True
+    return factories
+
+
+def static_actions(sources: Iterable[Path] | None = None) -> dict[str, set[str]]:
     """IAM action -> the files that name it, for every boto3 call in the sources.
 
-    A module's services are the string literals passed to a `client(...)` call in it; its
-    operations are the attribute calls, paginators and waiters those services know.
+    A module's services are the string literals passed to a `client(...)` call in it, and those of
+    the client factories it calls; its operations are the attribute calls, paginators and waiters
+    those services know.
     """
     found: dict[str, set[str]] = {}
+    sources = pipeline_files() if sources is None else sources
     files = [f for s in sources for f in ([s] if s.is_file() else sorted(s.rglob("*.py")))]
-    for path in files:
-        tree = ast.parse(path.read_text(), filename=str(path))
+    trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in files}
+    factories = _client_factories(trees)
+    for path, tree in trees.items():
+        aliases = _aliases(tree)
         services: set[str] = set()
         methods: set[str] = set()
         named: set[str] = set()  # get_paginator("x") / get_waiter("x") arguments
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name)):
+            name = _call_name(node)
+            if name is None or not isinstance(node, ast.Call):
                 continue
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
-            literal = (
-                node.args[0].value
-                if node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-                else None
-            )
+            literal = _literal_arg(node)
             if name == "client" and literal:
                 services.add(literal)
             elif name in ("get_paginator", "get_waiter") and literal:
                 named.add(f"{name}:{literal}")
             else:
+                services |= factories.get(aliases.get(name, name), set())
                 methods.add(name)
         for service in services:
             prefix, mapping, waiters = _operations(service)
@@ -171,14 +268,16 @@ def static_actions(sources: Iterable[Path] = PIPELINE_SOURCES) -> dict[str, set[
     return found
 
 
-def recorded_actions(log: Path, packages: tuple[str, ...] = PIPELINE_PACKAGES) -> dict[str, set[str]]:
+def recorded_actions(log: Path, packages: tuple[str, ...] | None = None) -> dict[str, set[str]]:
     """IAM action -> the modules that called it, from a GPUFORGE_AWS_CALL_LOG file."""
     calls: dict[str, set[str]] = {}
+    packages = pipeline_packages() if packages is None else packages
     if not log.is_file():
         return calls
     for line in log.read_text().splitlines():
         entry = json.loads(line)
-        if entry["caller"].startswith(packages):
+        caller = entry["caller"]
+        if caller in packages or caller.startswith(tuple(f"{root}." for root in PIPELINE_ROOTS)):
             calls.setdefault(entry["action"], set()).add(entry["caller"])
     return calls
 

@@ -197,8 +197,8 @@ def test_the_decision_is_reported_in_one_line_per_component() -> None:
     """What each role prints after deciding (tests/test_twins.py reads it from a real bake)."""
     reality = version_policy.version_decision({}, "nvidia_container_toolkit", "1.17.0", "1.19.1", "1.17.8")
     assert version_policy.version_decision_message(reality, "nvidia_container_toolkit") == (
-        "nvidia_container_toolkit: install 1.19.1 (gpuforge); installed before: 1.17.0, floor 1.17.8, pin 1.19.1; "
-        + reality["nvidia_container_toolkit"]["reason"]
+        "nvidia_container_toolkit: install 1.19.1 (gpuforge); "
+        "installed before: 1.17.0, floor 1.17.8, pin 1.19.1; " + reality["nvidia_container_toolkit"]["reason"]
     )
     with pytest.raises(AnsibleFilterError, match="no decision recorded for 'dcgm'"):
         version_policy.version_decision_message(reality, "dcgm")

@@ -68,9 +68,9 @@ def version_decision_message(reality: Any, component: str) -> str:
         raise AnsibleFilterError(f"version_decision_message: no decision recorded for {component!r}")
     reason = entry.get("reason") or ""
     return (
-        f"{component}: {entry.get('action')} {entry.get('version')} ({entry.get('source')}); installed before: "
-        f"{entry.get('installed') or 'nothing'}, floor {entry.get('floor')}, pin {entry.get('pinned')}"
-        + (f"; {reason}" if reason else "")
+        f"{component}: {entry.get('action')} {entry.get('version')} ({entry.get('source')}); "
+        f"installed before: {entry.get('installed') or 'nothing'}, "
+        f"floor {entry.get('floor')}, pin {entry.get('pinned')}" + (f"; {reason}" if reason else "")
     )
 
 
