@@ -126,6 +126,45 @@ def test_the_wheel_carries_the_data_once_and_no_test_doubles(wheel: Path) -> Non
     assert not [n for n in names if n.startswith("gpuforge/") and not n.endswith((".py", "py.typed"))]
 
 
+def test_the_wheel_carries_each_plugin_doc_once(wheel: Path) -> None:
+    """A filter's documentation is its own YAML file beside the .py (plugins/filter/<name>.yml); the
+    wheel carries each of the checkout's, so ansible-doc documents the installed filters too."""
+    names = zipfile.ZipFile(wheel).namelist()
+    docs = sorted(str(path.relative_to(REPO)) for path in (REPO / "plugins").rglob("*.yml"))
+    assert docs
+    share = "ansible_collections/gpuforge/gpu/"
+    assert [doc for doc in docs if names.count(share + doc) != 1] == []
+
+
+def test_the_installed_collection_documents_every_filter(
+    venv: Path, outside: dict[str, str], tmp_path: Path
+) -> None:
+    """ansible-doc of the wheel's collection (found on sys.path; no collections path of the checkout's)
+    lists each filter with its short description, none UNDOCUMENTED."""
+    empty = tmp_path / "collections"
+    empty.mkdir()
+    env = {**outside, "ANSIBLE_COLLECTIONS_PATH": str(empty), "ANSIBLE_CONFIG": str(tmp_path / "none.cfg")}
+    result = _run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "ansible",
+            "doc",
+            "-t",
+            "filter",
+            "-l",
+            "gpuforge.gpu",
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    listed: dict[str, str] = json.loads(result.stdout)
+    assert "gpuforge.gpu.version_decision" in listed
+    assert sorted(name for name, text in listed.items() if text == "UNDOCUMENTED") == []
+
+
 def test_data_files_come_from_the_installed_package(
     venv: Path, outside: dict[str, str], tmp_path: Path
 ) -> None:
