@@ -1,7 +1,8 @@
-"""The product package's layers: the AMI pipeline (gpuforge.ami) and the cluster-config commands
-(gpuforge.pcluster) do not import each other, what both need lives below both, and no product module
-imports the checkout's test doubles (gpuforge_lab). Read from the source's imports (ast), so a function-level
-import counts as much as a top-level one."""
+"""The product package's layers: the AMI pipeline (gpuforge.ami) imports the cluster-config commands
+(gpuforge.pcluster: its config editing, rollout and validation), never the other way, directly or through
+another gpuforge module, so there is no import cycle between them; what both need lives below both, and
+no product module imports the checkout's test doubles (gpuforge_lab). Read from the source's imports
+(ast), so a function-level import counts as much as a top-level one."""
 
 from __future__ import annotations
 
@@ -39,8 +40,41 @@ def _importers(package: str, target: str) -> list[str]:
     ]
 
 
+def _module_files() -> dict[str, Path]:
+    """Each product module's dotted name and file (a package is its __init__.py)."""
+    files: dict[str, Path] = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def _reached(start: list[str], files: dict[str, Path]) -> set[str]:
+    """The product modules that importing `start` loads: their imports, followed, with the packages
+    above each module (importing gpuforge.x.y runs gpuforge/x/__init__.py too)."""
+    reached: set[str] = set()
+    todo = list(start)
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        parts = name.split(".")
+        above = [".".join(parts[:n]) for n in range(1, len(parts))]
+        todo.extend(m for m in [*above, *_imports(files[name])] if m in files)
+    return reached
+
+
 def test_pcluster_does_not_import_the_ami_pipeline() -> None:
     assert _importers("pcluster", "gpuforge.ami") == []
+
+
+def test_pcluster_reaches_no_ami_module_through_another_so_there_is_no_cycle() -> None:
+    files = _module_files()
+    pcluster = [name for name in files if name.split(".")[:2] == ["gpuforge", "pcluster"]]
+    assert pcluster
+    reached = _reached(pcluster, files)
+    assert sorted(name for name in reached if name.split(".")[:2] == ["gpuforge", "ami"]) == []
 
 
 def test_what_ami_and_pcluster_share_imports_neither() -> None:
