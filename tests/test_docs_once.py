@@ -66,6 +66,34 @@ def test_every_default_is_described_in_the_argument_spec(role: Path) -> None:
     assert not undescribed
 
 
+# A comment with half its words in the variable's description says it again: the spec is the one place.
+MAX_SHARED_WORDS = 0.5
+
+
+def words(text: str) -> set[str]:
+    """The words of `text` longer than three characters, lower-cased (paths and versions stay whole)."""
+    return {w for w in re.findall(r"[a-z0-9][a-z0-9_.'/-]*[a-z0-9]", text.lower()) if len(w) > 3}
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_no_defaults_comment_restates_the_description(role: Path) -> None:
+    """A comment above a variable stays only for a why its argument_specs description does not give."""
+    options = spec_options(role)
+    restated, block = [], []
+    for line in (role / "defaults" / "main.yml").read_text().splitlines():
+        if line.lstrip().startswith("#"):
+            block.append(line.lstrip("# "))
+            continue
+        variable = re.match(r"^(\w+):", line)
+        if block and variable:
+            said = words(" ".join(block))
+            described = words(str(options.get(variable.group(1), {}).get("description") or ""))
+            if len(said & described) >= MAX_SHARED_WORDS * len(said):
+                restated.append(variable.group(1))
+        block = []
+    assert restated == []
+
+
 def sh_blocks(text: str) -> list[str]:
     return re.findall(r"```sh\n(.*?)```", text, re.DOTALL)
 
