@@ -30,6 +30,13 @@ PIN = versions.load().version("aws_ofi_nccl")
 FLOOR = versions.load().components["aws_ofi_nccl"].get("floor", PIN)
 # A bundle newer than the pin, as a current DLAMI's EFA installer carries (tests/twins records).
 NEWER = "1.21.1"
+
+
+def _kept(bundle: str) -> str:
+    """The policy's action for a bundle at or above the floor: kept at the pin, else adopted."""
+    return "keep" if bundle == PIN else "adopt"
+
+
 ARCH_LIB = f"lib/{platform.machine()}-linux-gnu"
 
 pytestmark = pytest.mark.slow
@@ -54,18 +61,22 @@ CASES: dict[str, tuple[str | None, str | None, bool, str]] = {
 # Targets without EFA (c5n.large): there NCCL has no EFA to use, and a skip is no loss.
 TARGETS = {"other-bundle-no-cuda": "c5n.large", "no-bundle-no-cuda": "c5n.large"}
 
-# case -> (plan, bundled version seen, library directory relative to the prefix) or a failure
-EXPECTED: dict[str, tuple[str, str, str] | str] = {
-    "bundle-pre-1.44-layout": ("bundled", PIN, ARCH_LIB),
-    "bundle-1.44-layout": ("bundled", PIN, "lib"),
-    "bundle-wins-over-cuda": ("bundled", PIN, ARCH_LIB),
+# case -> (plan, bundled version seen, library directory relative to the prefix, the version policy's
+# record: "<action> <version> <source>", '' when nothing is recorded) or a failure
+EXPECTED: dict[str, tuple[str, str, str, str] | str] = {
+    "bundle-pre-1.44-layout": ("bundled", PIN, ARCH_LIB, f"keep {PIN} base_image"),
+    "bundle-1.44-layout": ("bundled", PIN, "lib", f"keep {PIN} base_image"),
+    "bundle-wins-over-cuda": ("bundled", PIN, ARCH_LIB, f"keep {PIN} base_image"),
     # Adopted, never replaced by a build of the older pin (the version policy: never downgrade).
-    "newer-bundle-adopted": ("bundled", NEWER, "lib"),
-    "newer-bundle-required": ("bundled", NEWER, "lib"),
-    "other-bundle-with-cuda": ("build", "1.9.1", ARCH_LIB),
-    "other-bundle-no-cuda": ("skip", "1.9.1", ARCH_LIB),
-    "no-bundle-no-cuda": ("skip", "", ""),
-    "forced-build-with-bundle": ("build", PIN, ARCH_LIB),
+    "newer-bundle-adopted": ("bundled", NEWER, "lib", f"{_kept(NEWER)} {NEWER} base_image"),
+    "newer-bundle-required": ("bundled", NEWER, "lib", f"{_kept(NEWER)} {NEWER} base_image"),
+    # Below the floor: the pin is built beside the bundle, and recorded as gpuforge's.
+    "other-bundle-with-cuda": ("build", "1.9.1", ARCH_LIB, f"install {PIN} gpuforge"),
+    # Nothing is installed: nothing is recorded.
+    "other-bundle-no-cuda": ("skip", "1.9.1", ARCH_LIB, ""),
+    "no-bundle-no-cuda": ("skip", "", "", ""),
+    # The bundle left out: the policy sees nothing installed.
+    "forced-build-with-bundle": ("build", PIN, ARCH_LIB, f"install {PIN} gpuforge"),
     "required-bundle-mismatch": f"holds aws-ofi-nccl 1.9.1, not {FLOOR} or newer",
     "forced-build-no-cuda": "aws_ofi_nccl_source is 'build' but there is no CUDA toolkit",
     # On a type with EFA NCCL would fall back to TCP: the bake stops.
@@ -95,6 +106,13 @@ def _standin_plugins(tmp_path_factory: pytest.TempPathFactory, *releases: str) -
     return {v: fixtures.standin_plugin(v, work) for v in set(releases)}
 
 
+def _with_decision(case: str, value: dict[str, str]) -> dict[str, Any]:
+    """record(), with _decision: the aws_ofi_nccl entry of gpuforge_reality ({} when none)."""
+    task = record(case, value)
+    task["vars"]["_decision"] = "{{ (gpuforge_reality | default({})).get('aws_ofi_nccl', {}) }}"
+    return task
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     plugins = _standin_plugins(tmp_path_factory, PIN, "1.9.1", NEWER)
@@ -118,12 +136,15 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     "aws_ofi_nccl_source": source,
                 },
             },
-            record(
+            _with_decision(
                 case,
                 {
                     "plan": "{{ _aws_ofi_nccl_plan | trim }}",
                     "bundled_version": "{{ _aws_ofi_nccl_bundled_version }}",
                     "lib_dir": "{{ _aws_ofi_nccl_bundled_lib_dir | trim }}",
+                    # The version policy's record, as the manifest's "installed" takes it ('' when none).
+                    "decision": "{{ _decision.action ~ ' ' ~ _decision.version ~ ' ' ~ _decision.source"
+                    " if _decision else '' }}",
                 },
             ),
         ]
@@ -138,19 +159,21 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_plugin_source_decision(outcomes: dict[str, Any], case: str) -> None:
-    """Bundled when the bundle is the floor or newer (either layout), else build with CUDA, else a skip."""
+    """Bundled when the version policy keeps or adopts the bundle (the floor or newer, either layout),
+    else build with CUDA, else a skip; the policy's decision is in gpuforge_reality unless skipped."""
     got = outcomes["results"][case]
     expected = EXPECTED[case]
     if isinstance(expected, str):
         assert isinstance(got, str), f"{case} did not fail: {got}"
         assert expected in got
         return
-    plan, bundled_version, lib_dir = expected
+    plan, bundled_version, lib_dir, decision = expected
     prefix = outcomes["root"] / case / "ofi-nccl"
     assert got == {
         "plan": plan,
         "bundled_version": bundled_version,
         "lib_dir": str(prefix / lib_dir) if lib_dir else "",
+        "decision": decision,
     }
 
 

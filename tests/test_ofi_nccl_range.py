@@ -1,7 +1,7 @@
-"""The NCCL range of an aws-ofi-nccl release (data/aws_ofi_nccl.yml), written once in the collection's
-plugins/module_utils/ofi_nccl.py: the CLI (gpuforge.ofi_nccl) and the roles (filter
-gpuforge.gpu.ofi_nccl_range) call it; the cases test it directly, and the nccl role's adopt-or-install
-decision is run against the plugin in use.
+"""The NCCL range of an aws-ofi-nccl release (data/aws_ofi_nccl.yml), and which release is in use, written
+once in the collection's plugins/module_utils/ofi_nccl.py: the roles call it through the filters
+gpuforge.gpu.ofi_nccl_range and gpuforge.gpu.ofi_nccl_release_in_use; the cases test it directly, and
+the nccl role's adopt-or-install decision is run against the plugin in use.
 """
 
 from __future__ import annotations
@@ -12,12 +12,21 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
+from ansible_collections.gpuforge.gpu.plugins.module_utils import ofi_nccl
 
 import sourcefile
-from gpuforge import ofi_nccl, policy, versions
+from gpuforge import policy, versions
 from localplay import record, run_cases
 
 REPO = Path(__file__).resolve().parents[1]
+FILTERS = sourcefile.load("ofi_nccl_range", "plugins/filter/ofi_nccl_range.py").FilterModule().filters()
+
+
+def _table() -> dict[str, dict[str, str]]:
+    """data/aws_ofi_nccl.yml's rows, as the roles load them (gpuforge_common's load_data)."""
+    return ofi_nccl.rows_of(yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text()))
+
 
 # case -> (aws-ofi-nccl release, NCCL release, row used, NCCL inside the range, a note expected)
 CASES: dict[str, tuple[str, str, str, bool, bool]] = {
@@ -44,7 +53,7 @@ CASES: dict[str, tuple[str, str, str, bool, bool]] = {
 
 
 def _python(case: str) -> ofi_nccl.NcclRange:
-    return ofi_nccl.nccl_range(CASES[case][0])
+    return ofi_nccl.nccl_range(CASES[case][0], _table())
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -56,8 +65,8 @@ def test_python_range(case: str) -> None:
     assert bool(found.note) is noted
     if row:
         assert (found.nccl_min, found.nccl_tested_max) == (
-            ofi_nccl.table()[row]["nccl_min"],
-            ofi_nccl.table()[row]["nccl_tested_max"],
+            _table()[row]["nccl_min"],
+            _table()[row]["nccl_tested_max"],
         )
 
 
@@ -72,7 +81,7 @@ def test_messages_name_the_plugin_and_the_bound() -> None:
 
 def test_every_row_is_a_consistent_range() -> None:
     """Each row's oldest NCCL is not above its newest, and the pinned plugin has a row of its own."""
-    rows = ofi_nccl.table()
+    rows = _table()
     for release, row in rows.items():
         assert policy.compare(row["nccl_min"], row["nccl_tested_max"]) <= 0, release
     manifest = versions.load()
@@ -80,11 +89,11 @@ def test_every_row_is_a_consistent_range() -> None:
     assert pin in rows, f"versions.yml pins aws-ofi-nccl {pin}: add its row to data/aws_ofi_nccl.yml"
     assert _range_note(pin) == ""
     # The pinned NCCL is inside the pinned plugin's range, or a bake would replace its own pin.
-    assert ofi_nccl.nccl_range(pin).check(manifest.version("nccl")) == ""
+    assert ofi_nccl.nccl_range(pin, rows).check(manifest.version("nccl")) == ""
 
 
 def _range_note(release: str) -> str:
-    return ofi_nccl.nccl_range(release).note
+    return ofi_nccl.nccl_range(release, _table()).note
 
 
 def _run_with_table(work: Path, cases: dict[str, list[dict[str, Any]]], **extra: Any) -> dict[str, Any]:
@@ -98,7 +107,7 @@ def test_the_filter_describes_each_case(case: str) -> None:
     """What the roles get (gpuforge.gpu.ofi_nccl_range): the range, its note, and `outside` for the
     NCCL given, from the one implementation."""
     plugin, nccl, row, inside, noted = CASES[case]
-    filters = sourcefile.load("ofi_nccl_range", "plugins/filter/ofi_nccl_range.py").FilterModule().filters()
+    filters = FILTERS
     table = yaml.safe_load((REPO / "data" / "aws_ofi_nccl.yml").read_text())[ofi_nccl.TABLE_KEY]
     found = filters["ofi_nccl_range"](plugin, table, nccl=nccl)
     assert found == {
@@ -219,9 +228,87 @@ def plays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
 @pytest.mark.parametrize("case", list(PAIR_CASES))
 def test_nccl_installed_beside_the_plugin_is_a_tested_pair(pairs: dict[str, Any], case: str) -> None:
     plugin, action, version = PAIR_CASES[case]
-    outside = ofi_nccl.nccl_range(plugin).check(version) if action in ("install", "downgrade") else ""
+    outside = (
+        ofi_nccl.nccl_range(plugin, _table()).check(version) if action in ("install", "downgrade") else ""
+    )
     if outside:
         assert pairs[case] != "passed"
         assert f"the pinned NCCL {version} is {outside}" in pairs[case]
     else:
         assert pairs[case] == "passed"
+
+
+# A damaged table is refused with a message naming what to fix (it raised AttributeError or KeyError,
+# which the filter passed on as a bare Python error): case -> (gpuforge_aws_ofi_nccl_releases, message).
+BAD_TABLES: dict[str, tuple[Any, str]] = {
+    "missing": (None, "must be a non-empty mapping of aws-ofi-nccl release -> {nccl_min, nccl_tested_max}"),
+    "empty": ({}, "got dict {}"),
+    "row-not-a-mapping": (
+        {"1.21.1": "2.17.1"},
+        "['1.21.1'] must be a mapping with nccl_min and nccl_tested_max",
+    ),
+    "bound-missing": (
+        {"1.21.1": {"nccl_min": "2.17.1"}},
+        "['1.21.1'] has no nccl_tested_max: add them from that release's RELEASENOTES.md",
+    ),
+    "bound-empty": (
+        {"1.21.1": {"nccl_min": "", "nccl_tested_max": None}},
+        "has no nccl_min and no nccl_tested_max",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES))
+def test_a_damaged_table_is_refused_with_what_to_fix(case: str) -> None:
+    rows, message = BAD_TABLES[case]
+    with pytest.raises(ValueError, match=f"^{ofi_nccl.TABLE_KEY}") as raised:
+        ofi_nccl.rows_of({ofi_nccl.TABLE_KEY: rows})
+    assert message in str(raised.value)
+    with pytest.raises(AnsibleFilterError) as filtered:
+        FILTERS["ofi_nccl_range"]("1.21.1", rows)
+    # The filter names itself and the variable once.
+    assert str(filtered.value) == f"ofi_nccl_range: {raised.value}"
+    assert str(filtered.value).count(ofi_nccl.TABLE_KEY) == 1
+
+
+# Which release is in use (ofi_nccl.release_in_use), directly and through the filter:
+# case -> (chosen, this play's, the policy's decision, the earlier run's record, expected)
+RELEASE_CASES: dict[str, tuple[str, str, Any, Any, str]] = {
+    "chosen-wins": ("1.19.2", "1.22.0", {"action": "adopt", "version": "1.22.0"}, None, "1.19.2"),
+    "this-play": ("", "1.22.0", {"action": "adopt", "version": "1.21.0"}, None, "1.22.0"),
+    "adopted-bundle": ("", "", {"action": "adopt", "version": "1.22.0"}, {"version": "1.20.0"}, "1.22.0"),
+    "built-pin": ("", "", {"action": "install", "version": PIN}, None, PIN),
+    "refused-names-none": ("", "", {"action": "refuse", "version": ""}, None, PIN),
+    "recorded-earlier-run": ("", "", None, {"source": "bundled", "version": "1.21.0"}, "1.21.0"),
+    "recorded-skip-is-the-pin": ("", "", None, {"source": "skipped", "version": "1.20.0"}, PIN),
+    "empty-values-from-a-play": ("", "", "", "", PIN),
+}
+
+
+@pytest.mark.parametrize("case", list(RELEASE_CASES))
+def test_release_in_use(case: str) -> None:
+    chosen, this_play, decision, recorded, expected = RELEASE_CASES[case]
+    got = FILTERS["ofi_nccl_release_in_use"](
+        PIN, chosen=chosen, this_play=this_play, decision=decision, record=recorded
+    )
+    assert got == expected
+    if decision != "" and recorded != "":
+        direct = ofi_nccl.release_in_use(
+            PIN, chosen=chosen, this_play=this_play, decision=decision, record=recorded
+        )
+        assert direct == expected
+
+
+def test_release_in_use_refuses_a_record_that_is_not_a_mapping() -> None:
+    with pytest.raises(AnsibleFilterError, match=r"record must be a mapping .*rerun the aws_ofi_nccl role"):
+        FILTERS["ofi_nccl_release_in_use"](PIN, record=["1.21.1"])
+
+
+def test_both_roles_choose_the_release_through_the_filter() -> None:
+    """roles/aws_ofi_nccl/tasks/register.yml and roles/nccl/tasks/plugin_range.yml had each their own Jinja
+    choice of the release in use; both call gpuforge.gpu.ofi_nccl_release_in_use now."""
+    for path in ("roles/aws_ofi_nccl/tasks/register.yml", "roles/nccl/tasks/plugin_range.yml"):
+        text = (REPO / path).read_text()
+        assert "gpuforge.gpu.ofi_nccl_release_in_use(" in text, path
+        # The Jinja copies: "<bundle> if plan == 'bundled' else <pin>" and "<record> if not skipped".
+        assert "else aws_ofi_nccl_version }}" not in text and "!= 'skipped'" not in text, path

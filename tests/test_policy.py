@@ -144,6 +144,7 @@ def test_every_stack_role_decides_through_the_filter_with_the_opt_in() -> None:
     calls = _policy_calls()
     components = {c for _, fact in calls for c in re.findall(r"version_decision\('([a-z_]+)'", fact)}
     assert components == {
+        "aws_ofi_nccl",
         "efa_installer",
         "dcgm",
         "nvidia_container_toolkit",

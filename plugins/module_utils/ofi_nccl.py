@@ -2,7 +2,8 @@
 
 The roles ask it through the filter gpuforge.gpu.ofi_nccl_range (plugins/filter/ofi_nccl_range.py): the
 aws_ofi_nccl role about the release it adopted or built, the nccl role about an installed NCCL and the
-one it installs. The CLI imports it through gpuforge.ofi_nccl.
+one it installs. Which release is in use (release_in_use) is decided here too, for both roles
+(the filter gpuforge.gpu.ofi_nccl_release_in_use).
 
 The range of a plugin release is its own row of the table; a release without a row gets the row of
 the newest release older than it, with a note asking for its row (a newer plugin is assumed to work
@@ -73,11 +74,37 @@ class NcclRange:
 
 def rows_of(data: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     """The table in data/aws_ofi_nccl.yml's parsed content, with every release and bound a string;
-    ValueError when it has none."""
+    ValueError, saying what to fix, when it is empty or a row is not {nccl_min, nccl_tested_max}."""
     rows = data.get(TABLE_KEY)
     if not isinstance(rows, Mapping) or not rows:
-        raise ValueError(f"needs a non-empty {TABLE_KEY} mapping")
-    return {str(release): {str(k): str(v) for k, v in row.items()} for release, row in rows.items()}
+        raise ValueError(
+            f"{TABLE_KEY} must be a non-empty mapping of aws-ofi-nccl release -> "
+            f"{{{', '.join(BOUNDS)}}} (data/aws_ofi_nccl.yml), got {_kind(rows)}"
+        )
+    return {str(release): _row(str(release), row) for release, row in rows.items()}
+
+
+# The bounds every row gives (data/aws_ofi_nccl.yml, from each release's RELEASENOTES.md).
+BOUNDS = ("nccl_min", "nccl_tested_max")
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else f"{type(value).__name__} {value!r}"
+
+
+def _row(release: str, row: Any) -> dict[str, str]:
+    """One release's row with its bounds as strings; ValueError naming the release and what is missing."""
+    if not isinstance(row, Mapping):
+        raise ValueError(
+            f"{TABLE_KEY}[{release!r}] must be a mapping with {' and '.join(BOUNDS)}, got {_kind(row)}"
+        )
+    missing = [bound for bound in BOUNDS if not str(row.get(bound) or "").strip()]
+    if missing:
+        raise ValueError(
+            f"{TABLE_KEY}[{release!r}] has no {' and no '.join(missing)}: "
+            "add them from that release's RELEASENOTES.md"
+        )
+    return {str(k): str(v) for k, v in row.items()}
 
 
 def nccl_range(plugin: str, rows: Mapping[str, Mapping[str, Any]]) -> NcclRange:
@@ -93,3 +120,37 @@ def nccl_range(plugin: str, rows: Mapping[str, Mapping[str, Any]]) -> NcclRange:
         nccl_min=str(rows[row]["nccl_min"]),
         nccl_tested_max=str(rows[row]["nccl_tested_max"]),
     )
+
+
+def release_in_use(
+    pin: str,
+    *,
+    chosen: str = "",
+    this_play: str = "",
+    decision: Mapping[str, Any] | None = None,
+    record: Mapping[str, Any] | None = None,
+) -> str:
+    """The aws-ofi-nccl release NCCL runs beside: the first of
+    - `chosen`: a release the user named (the nccl role's nccl_plugin_version);
+    - `this_play`: the release the aws_ofi_nccl role looked up earlier in this play
+      (gpuforge_ofi_nccl_range.plugin);
+    - `decision`: that role's version-policy record (gpuforge_reality.aws_ofi_nccl): the adopted
+      bundle's release, or the pin it builds; a refusal names none;
+    - `record`: its record of an earlier run (/etc/gpuforge/aws_ofi_nccl.json), unless that run
+      skipped the plugin (then no plugin is in use and the record's version is only the pin it wanted);
+    - `pin`: versions.yml's aws_ofi_nccl.version.
+    ValueError when the decision or the record is not a mapping.
+    """
+    for name, given in (("decision", decision), ("record", record)):
+        if given is not None and not isinstance(given, Mapping):
+            raise ValueError(f"{name} must be a mapping (or empty), got {_kind(given)}")
+    decided = decision or {}
+    recorded = record or {}
+    candidates = (
+        chosen,
+        this_play,
+        "" if decided.get("action") == "refuse" else decided.get("version"),
+        "" if recorded.get("source") == "skipped" else recorded.get("version"),
+        pin,
+    )
+    return next((text for text in (str(c or "").strip() for c in candidates) if text), "")
