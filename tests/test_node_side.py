@@ -646,6 +646,21 @@ def _run_collection(play: Path, env: dict[str, str]) -> tuple[str, dict[str, int
     return current, {"ok": int(counts[1]), "changed": int(counts[2])}
 
 
+def test_a_run_leaves_other_runs_builds_alone_and_removes_its_own(tmp_path: Path) -> None:
+    """Bakes side by side on one controller (Packer's parallel builds) share gpuforge_node_build_dir:
+    a run must never delete another run's tarball before that run unpacked it (three twin bakes
+    failed so: 'Could not find or access .../gpuforge-gpu-0.1.0.tar.gz'), and leaves nothing behind."""
+    _, play, env = _collection_play(tmp_path)
+    other = tmp_path / "build/run.other/gpuforge-gpu-0.1.0.tar.gz"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"another run's tarball")
+    legacy = tmp_path / "build/gpuforge-gpu-0.1.0.tar.gz"  # where a run before this fix built
+    legacy.write_bytes(b"another run's tarball")
+    _run_collection(play, env)
+    assert other.read_bytes() == legacy.read_bytes() == b"another run's tarball"
+    assert sorted(p.name for p in (tmp_path / "build").iterdir()) == ["gpuforge-gpu-0.1.0.tar.gz", "run.other"]
+
+
 def test_the_revision_names_what_a_node_runs_and_a_rerun_changes_nothing(tmp_path: Path) -> None:
     """The baked revision is unpacked once; a rerun of the same tree changes nothing; an edit to a
     Markdown file alone (CHANGELOG, a README: nothing a node runs) keeps the revision, so a golden image
