@@ -15,6 +15,7 @@ from ansible.errors import AnsibleFilterError
 
 import sourcefile
 from gpuforge import policy
+from localplay import record, run_cases
 
 version_policy = sourcefile.load("version_policy", "plugins/filter/version_policy.py")
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +40,14 @@ CASES: dict[str, tuple[str, str, str, bool, bool, str, str]] = {
     "epoch-ignored": ("1:4.5.3", "4.5.3", "4.0.0", True, False, "", "keep"),
     "dcgm3-below-dcgm4-floor": ("3.3.9", "4.5.3", "4.0.0", True, False, "", "install"),
     "exporter-style-versions": ("4.5.3-4.8.2", "4.5.3-4.8.2", "4.5.3-4.8.2", True, False, "", "keep"),
+    # The pin itself is incompatible (NCCL 2.30.7 beside an aws-ofi-nccl tested up to 2.30.4): keeping
+    # it would pass silently what a fresh host is refused; installing it again would not help.
+    "same-as-pin-incompatible-refused": ("2.30.7", "2.30.7", "2.20.0", False, False, "", "refuse"),
+    "same-as-pin-incompatible-opt-in-refused": ("2.30.7", "2.30.7", "2.20.0", False, True, "", "refuse"),
+    # A Debian pre-release is older than its release: never adopted as newer than the pin.
+    "pre-release-of-the-pin-upgraded": ("2.3~rc1", "2.3", "2.3", True, False, "", "install"),
+    # Trailing zero components name the same release.
+    "trailing-zero-same-as-pin": ("13.0", "13", "12", True, False, "", "keep"),
 }
 
 
@@ -74,6 +83,109 @@ def test_refusal_names_both_releases_and_the_opt_in() -> None:
     message = _python("incompatible-newer-refused").message
     assert "installed 3.1.0" in message and "the pin 2.0.1 is older" in message
     assert policy.ALLOW_DOWNGRADE_VARIABLE in message
+
+
+def test_an_incompatible_pin_kept_is_refused_with_the_incompatibility() -> None:
+    decision = _python("same-as-pin-incompatible-refused")
+    assert decision.reason == "incompatible: outside the tested range"
+    assert "installed 2.30.7 is the pin, and it is incompatible: outside the tested range" in decision.message
+    assert "Pin a compatible release of component" in decision.message
+    # The downgrade opt-in is no way out: there is nothing older to go to.
+    assert policy.ALLOW_DOWNGRADE_VARIABLE not in decision.message
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("2.3~rc1", "2.3", -1),  # deb-version(7): a tilde sorts before anything, even the end
+        ("2.3~rc1", "2.3~rc2", -1),
+        ("2.3~rc1", "2.2", 1),
+        ("13", "13.0", 0),
+        ("13.0.0", "13", 0),
+        ("13.0.1", "13", 1),
+        ("1:2.3", "2.3", 0),  # the epoch is ignored: pins carry none
+        ("4.7.0-4.9.0", "4.7.0-4.10.0", -1),  # dcgm-exporter <dcgm>-<exporter>: numbers, not text
+        ("4.7.0-4.9.0", "4.8.0-4.8.0", -1),
+        ("1.22.0amzn4.0", "1.22.0", 1),  # a letter suffix sorts after the end
+        ("1.22.0amzn4.0", "1.22.1", -1),
+        ("580.105.08", "580.95.05", 1),
+        ("2.27.7-1+cuda12.9", "2.27.7-1+cuda13.0", -1),
+        ("", "1.0", -1),
+    ],
+)
+def test_versions_compare_in_debian_order(a: str, b: str, expected: int) -> None:
+    assert policy.compare(a, b) == expected
+    assert policy.compare(b, a) == -expected
+    assert (policy.version_key(a) == policy.version_key(b)) is (expected == 0)
+
+
+# Package versions as dpkg reports them (package_facts) -> the upstream release the pins name.
+UPSTREAM = {
+    "1:4.7.0-1": "4.7.0",  # datacenter-gpu-manager-4-core
+    "1:4.5.3-1": "4.5.3",
+    "1.17.8-1": "1.17.8",  # nvidia-container-toolkit
+    "2.27.7-1+cuda12.9": "2.27.7",  # libnccl2
+    "2.27.7-1+cuda13.0": "2.27.7",
+    "4.7.0": "4.7.0",
+    " 2.3~rc1-1 ": "2.3~rc1",
+    "": "",
+}
+
+
+@pytest.mark.parametrize("version", list(UPSTREAM))
+def test_upstream_version_drops_the_epoch_and_the_debian_revision(version: str) -> None:
+    assert policy.upstream_version(version) == UPSTREAM[version]
+    assert version_policy.FilterModule().filters()["upstream_version"](version) == UPSTREAM[version]
+
+
+def test_upstream_version_is_the_collections_filter_in_a_play(tmp_path: Path) -> None:
+    """The roles' expression (gpuforge.gpu.upstream_version, as the dcgm, nccl and
+    nvidia_container_toolkit roles apply it to package_facts' versions) in a play on localhost."""
+    cases = {
+        f"v{i}": [record(f"v{i}", "{{ _version | default('') | gpuforge.gpu.upstream_version }}")]
+        for i in range(len(UPSTREAM))
+    }
+    for i, version in enumerate(UPSTREAM):
+        cases[f"v{i}"][0]["vars"]["_version"] = version
+    got = run_cases(tmp_path, cases, {})
+    assert [got[f"v{i}"] for i in range(len(UPSTREAM))] == list(UPSTREAM.values())
+
+
+def test_upstream_version_filter_takes_none_and_refuses_a_list() -> None:
+    upstream = version_policy.FilterModule().filters()["upstream_version"]
+    assert upstream(None) == ""
+    with pytest.raises(AnsibleFilterError, match="upstream_version: pass one package version"):
+        upstream(["1:4.7.0-1"])
+
+
+# The role tasks that read a dpkg version for the version policy, and the removed Jinja copies of
+# the epoch/revision stripping each had (four different ones).
+DPKG_READERS = (
+    "roles/dcgm/tasks/install.yml",
+    "roles/nccl/tasks/install_apt.yml",
+    "roles/nvidia_container_toolkit/tasks/install.yml",
+)
+
+
+@pytest.mark.parametrize("path", DPKG_READERS)
+def test_roles_take_the_upstream_release_through_the_filter(path: str) -> None:
+    text = (REPO / path).read_text()
+    assert "| gpuforge.gpu.upstream_version" in text
+    assert not re.search(r"\.version \| default\(''\)\s*\|\s*regex_replace", text)
+
+
+def test_the_wheel_decision_passes_the_compatibility_the_apt_one_passes() -> None:
+    """Both NCCL install methods judge the installed NCCL against the aws-ofi-nccl in use."""
+    calls = dict(_policy_calls())
+    apt, wheel = calls["roles/nccl/tasks/install_apt.yml"], calls["roles/nccl/tasks/install_wheel.yml"]
+    for argument in (
+        "compatible=gpuforge_ofi_nccl_range.outside | length == 0",
+        "incompatible_reason=gpuforge_ofi_nccl_range.outside",
+    ):
+        assert argument in apt and argument in wheel
+    for path in ("roles/nccl/tasks/install_apt.yml", "roles/nccl/tasks/install_wheel.yml"):
+        imported = [t.get("ansible.builtin.import_tasks") for t in yaml.safe_load((REPO / path).read_text())]
+        assert imported.index("plugin_range.yml") < imported.index("pair_check.yml"), path
 
 
 def _filter(case: str, reality: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -20,7 +20,12 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import compare, decide, previous_source
+from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import (
+    compare,
+    decide,
+    previous_source,
+    upstream_version,
+)
 
 
 def _text(value: Any) -> str:
@@ -76,11 +81,21 @@ def version_decision_message(reality: Any, component: str) -> str:
 
 def version_at_least(version: Any, minimum: Any) -> bool:
     """Whether release `version` is `minimum` or newer, compared as the version policy compares
-    (every number in order, a Debian epoch ignored); an empty version is never at least anything."""
+    (Debian's order, a Debian epoch ignored); an empty version is never at least anything."""
     text = _text(version)
     if not text:
         return False
     return compare(text, _text(minimum)) >= 0
+
+
+def upstream_version_filter(version: Any) -> str:
+    """The upstream release of a Debian package version as dpkg reports it ("1:4.7.0-1" -> "4.7.0");
+    '' for none (an absent package). The roles' probes pass dpkg's versions through it."""
+    if isinstance(version, (Mapping, list)):
+        raise AnsibleFilterError(
+            f"upstream_version: pass one package version such as 1:4.7.0-1 (a string), not {version!r}"
+        )
+    return upstream_version(_text(version))
 
 
 class FilterModule:
@@ -91,4 +106,5 @@ class FilterModule:
             "version_decision": version_decision,
             "version_decision_message": version_decision_message,
             "version_at_least": version_at_least,
+            "upstream_version": upstream_version_filter,
         }

@@ -6,7 +6,9 @@ The one implementation: the roles call it through the filter gpuforge.gpu.versio
 For one component, given the release installed now (or none), the pin from versions.yml and its
 floor:
 - nothing installed                          -> install the pin
-- installed == pin                           -> keep it (its source stays what it was)
+- installed == pin and compatible            -> keep it (its source stays what it was)
+- installed == pin, incompatible             -> refuse: installing the pin again would not help, the
+  pin itself is incompatible (pin a compatible release)
 - installed >= floor and compatible          -> adopt it, whatever the pin (never downgrade)
 - otherwise (below the floor or incompatible) and pin >= installed -> install the pin (upgrade)
 - otherwise (pin older than installed)       -> refuse, naming both releases, unless the user
@@ -30,15 +32,71 @@ SOURCES: tuple[Source, ...] = ("base_image", "gpuforge")
 ALLOW_DOWNGRADE_VARIABLE = "gpuforge_common_allow_downgrade"
 
 _EPOCH = re.compile(r"^[0-9]+:")
-_NUMBER = re.compile(r"[0-9]+")
+# The leading dotted number of an upstream release ("1.22.0" of "1.22.0amzn4.0", "2.3" of "2.3~rc1").
+_RELEASE = re.compile(r"^[0-9]+(?:[.][0-9]+)*")
+_PART = re.compile(r"([^0-9]*)([0-9]*)")
+
+# A version's sort key: per half (upstream, then Debian revision) the release numbers without
+# trailing zeros, then the rest in dpkg's order. Tuples of ints compare like for like.
+VersionKey = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
+# dpkg's order of characters in the non-digit parts: '~' before the end of the part, the end before
+# letters, letters before everything else (dpkg lib/dpkg/version.c, order() and verrevcmp();
+# deb-version(7): "The tilde sorts before anything, even the end of a part").
+_END = 0
+_TILDE = -1
+# The end of the whole text: the same weight as the end of a part, and no number after it.
+_SENTINEL: tuple[int, ...] = (_END,)
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    """Every number of a release in order, without a Debian epoch ("1:4.5.3" -> (4, 5, 3)).
+def _weight(char: str) -> int:
+    if char == "~":
+        return _TILDE
+    return ord(char) if char.isalpha() else ord(char) + 256
 
-    Readers pass upstream releases (no packaging revision), so numbers compare like for like.
+
+def _dpkg_key(text: str) -> tuple[tuple[int, ...], ...]:
+    """`text` in dpkg's order: each non-digit part (its characters' weights, then its end) and
+    the number after it, with the end of the text last, so "~rc1" sorts before "" and "" before
+    "amzn4"."""
+    parts: list[tuple[int, ...]] = []
+    for letters, digits in _PART.findall(text):
+        if not letters and not digits:
+            continue
+        parts.append((*(_weight(c) for c in letters), _END, int(digits or 0)))
+    return (*parts, _SENTINEL)
+
+
+def _half_key(text: str) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """The key of an upstream release or a Debian revision: its leading dotted number without
+    trailing zeros ("13" and "13.0" are one release), then what follows it in dpkg's order."""
+    match = _RELEASE.match(text)
+    head = match.group(0) if match else ""
+    numbers = [int(n) for n in head.split(".")] if head else []
+    while numbers and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers), _dpkg_key(text[len(head) :])
+
+
+def upstream_version(version: str) -> str:
+    """The upstream release of a Debian package version: its epoch and Debian revision (the last
+    '-' and what follows) dropped ("1:4.7.0-1" -> "4.7.0", "2.27.7-1+cuda12.9" -> "2.27.7");
+    '' for none. deb-version(7): [epoch:]upstream_version[-debian_revision]."""
+    bare = _EPOCH.sub("", str(version or "").strip())
+    return bare.rpartition("-")[0] if "-" in bare else bare
+
+
+def version_key(version: str) -> VersionKey:
+    """The sort key of a release, in Debian's order where it matters here (deb-version(7)):
+    the epoch ignored ("1:4.5.3" is 4.5.3: versions.yml pins carry none); the upstream release
+    first, then the Debian revision after the last '-' (so "4.7.0-4.9.0", a dcgm-exporter pin of
+    <dcgm>-<exporter>, sorts below "4.7.0-4.10.0"); a '~' pre-release below its release
+    ("2.3~rc1" < "2.3"); trailing zero components equal ("13" == "13.0").
+
+    Readers of dpkg give the upstream release (upstream_version), so a pin compares like for like.
     """
-    return tuple(int(n) for n in _NUMBER.findall(_EPOCH.sub("", str(version).strip())))
+    bare = _EPOCH.sub("", str(version).strip())
+    upstream, _, revision = bare.rpartition("-") if "-" in bare else (bare, "", "")
+    return (*_half_key(upstream), *_half_key(revision))
 
 
 def compare(a: str, b: str) -> int:
@@ -82,6 +140,12 @@ class Decision:
 
     @property
     def message(self) -> str:
+        if self.action == "refuse" and compare(self.installed, self.pinned) == 0:
+            return (
+                f"{self.component}: installed {self.installed} is the pin, and it is {self.reason}; "
+                f"installing it again would not help. Pin a compatible release of {self.component} "
+                "in versions.yml (or pair it with a release it is compatible with)."
+            )
         if self.action == "refuse":
             return (
                 f"{self.component}: installed {self.installed} is {self.reason}, "
@@ -114,7 +178,8 @@ def decide(
     if not installed:
         action = "install"
     elif vs_pin == 0:
-        action = "keep"
+        # The pin itself is what is incompatible: no action of this role can fix that.
+        action = "keep" if compatible else "refuse"
     elif vs_floor >= 0 and compatible:
         action = "adopt"
     elif vs_pin < 0:
@@ -125,11 +190,8 @@ def decide(
         action = "refuse"
     # A release this node already recorded as gpuforge's stays gpuforge's; anything else came with the image.
     kept: Source = "gpuforge" if previous_source == "gpuforge" else "base_image"
-    why = (
-        f"below the floor {floor}"
-        if vs_floor < 0
-        else f"incompatible: {incompatible_reason or 'see the role'}"
-    )
+    incompatible = f"incompatible: {incompatible_reason or 'see the role'}"
+    why = incompatible if vs_pin == 0 else (f"below the floor {floor}" if vs_floor < 0 else incompatible)
     return Decision(
         component=component,
         action=action,

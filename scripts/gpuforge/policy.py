@@ -15,6 +15,7 @@ from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import (
     Source,
     compare,
     decide,
+    upstream_version,
     version_key,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "Source",
     "compare",
     "decide",
+    "upstream_version",
     "version_key",
 ]
