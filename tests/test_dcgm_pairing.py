@@ -58,6 +58,16 @@ def test_the_refusal_names_both_versions_and_what_to_do() -> None:
     assert "dcgm_exporter_install_method=package" in mismatch["reason"]
 
 
+def test_releases_compare_as_the_version_policy_compares() -> None:
+    """The pairing compares as plugins/module_utils/policy.py does (it had its own tuple comparison,
+    under which 4.7 was older than 4.7.0 and not the same release)."""
+    same = pairing.dcgm_exporter_pairing("1:4.7-1", PINS, "container")
+    assert same["ok"], same["reason"]
+    assert same["host_dcgm"] == "4.7"
+    newer = pairing.dcgm_exporter_pairing("4.7.1", {**PINS, "dcgm_tested_max": "4.7.1.0"}, "package")
+    assert newer["ok"], newer["reason"]
+
+
 def test_package_and_binary_use_the_hosts_libdcgm_the_container_its_own() -> None:
     assert pairing.dcgm_exporter_pairing("4.7.1", PINS, "package")["libdcgm"] == "4.7.1"
     assert pairing.dcgm_exporter_pairing("4.7.1", PINS, "binary")["libdcgm"] == "4.7.1"

@@ -226,6 +226,24 @@ def test_parse_version(text: str, expected: tuple[int, ...] | None) -> None:
     assert FILTER.parse_version(text) == expected
 
 
+@pytest.mark.parametrize(
+    ("found", "bound", "below"),
+    [
+        ("1.17.0", "1.18", True),
+        ("1.18.0", "1.18", False),  # trailing zeros name the same release
+        ("1.22.0amzn4.0", "1.22.0", False),
+        ("1.18.0~rc1", "1.18", True),  # a Debian pre-release is older than its release
+        ("v1.5.0-aws", "1.6", True),
+        ("1:1.7.0", "1.7", False),  # a Debian epoch is no part of the release
+        ("unknown", "1.6", None),
+        ("", "1.6", None),
+    ],
+)
+def test_bounds_compare_as_the_version_policy_compares(found: str, bound: str, below: bool | None) -> None:
+    """_below is policy.compare's order (it padded number lists and read no pre-release or epoch)."""
+    assert FILTER._below(found, bound) is below
+
+
 # The files the role writes (tasks/configure.yml and its templates, as shipped) for four types, with
 # the same group override everywhere: NCCL_BUFFSIZE, which the plugin sets itself on p4d/p5/p6-b200.
 RENDERED_TYPES = ("p5.48xlarge", "p6-b200.48xlarge", "p4d.24xlarge", "g6e.48xlarge")

@@ -9,11 +9,13 @@ g5.2xlarge (no NVSwitch) baking for p5.48xlarge must still get the fabric manage
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuforge.gpu.plugins.module_utils import targets as rules
 
 import sourcefile
@@ -209,6 +211,98 @@ def test_targets_come_from_what_is_given_else_recorded_else_the_node_itself() ->
     assert rules.choose(None, None, "p4d.24xlarge", types) == ["p4d.24xlarge"]
     # An instance type data/instance_types.yml does not know is no target at all (health checks say why).
     assert rules.choose("", [], "t3.micro", types) == []
+
+
+def test_a_given_value_naming_no_type_falls_back_like_an_empty_one() -> None:
+    """choose's docstring: a given value naming no type (only blanks and commas too) is as if none
+    was given (it named none and left the image without targets before)."""
+    types = instance_types.data()["gpuforge_instance_types"]
+    assert rules.choose(" , ", ["p5.48xlarge"], "g5.2xlarge", types) == ["p5.48xlarge"]
+    assert rules.choose(" ", [], "p4d.24xlarge", types) == ["p4d.24xlarge"]
+
+
+def test_a_missing_pin_is_refused_by_name() -> None:
+    """No driver (or CUDA, plugin, NCCL) pinned: refused in words that name what is missing, not
+    as 'the pinned driver  does not support' with an empty release."""
+    data = instance_types.data()
+    types, models = data["gpuforge_instance_types"], data["gpuforge_gpu_models"]
+    pins = {
+        name: fields for name, fields in _pins(**BLACKWELL_PINS).components.items() if name != "nvidia_driver"
+    }
+    refused = rules.refusals(["p6-b200.48xlarge"], types, models, {}, pins)
+    assert refused == [
+        "p6-b200.48xlarge: no nvidia_driver pinned; this type needs "
+        f"{models[types['p6-b200.48xlarge']['gpu_model']]['min_driver']} or later (pin it in versions.yml)"
+    ]
+    no_nccl = {name: fields for name, fields in _pins(**BLACKWELL_PINS).components.items() if name != "nccl"}
+    assert [
+        why for why in rules.refusals(["p6-b200.48xlarge"], types, models, {}, no_nccl) if "nccl" in why
+    ] == [
+        "p6-b200.48xlarge: no nccl pinned; this type needs "
+        f"{types['p6-b200.48xlarge']['aws_ofi_nccl']['min_nccl']} or later (pin it in versions.yml)"
+    ]
+
+
+def test_releases_compare_as_the_version_policy_compares() -> None:
+    """targets used its own comparison (cut at '-', epoch kept); now policy.compare's."""
+    data = instance_types.data()
+    types, models = data["gpuforge_instance_types"], data["gpuforge_gpu_models"]
+    minimum = str(models[types["p6-b200.48xlarge"]["gpu_model"]]["min_driver"])
+    pins = _pins(**BLACKWELL_PINS).components
+    # An epoch is no part of the release (it made any pin with one sort below every minimum).
+    epoch = {
+        **pins,
+        "nvidia_driver": {**pins["nvidia_driver"], "version": f"1:{BLACKWELL_PINS['nvidia_driver']}"},
+    }
+    assert rules.refusals(["p6-b200.48xlarge"], types, models, {}, epoch) == []
+    # A '~' pre-release of the minimum is below it.
+    rc = {**pins, "nvidia_driver": {**pins["nvidia_driver"], "version": f"{minimum}~rc1"}}
+    assert any(
+        "does not support" in why for why in rules.refusals(["p6-b200.48xlarge"], types, models, {}, rc)
+    )
+    assert not hasattr(rules, "version_key")
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "message"),
+    [
+        (
+            "target_refusals",
+            (["p5.48xlarge"], None, {}, {}, {}),
+            "target_refusals: gpuforge_instance_types must be a mapping",
+        ),
+        ("target_refusals", ("p5.48xlarge", {}, {}, {}, {}), "target_refusals: the targets must be a list"),
+        (
+            "target_refusals",
+            (["p5.48xlarge"], "types", {}, {}, {}),
+            "gpuforge_instance_types must be a mapping",
+        ),
+        (
+            "target_refusals",
+            (["p5.48xlarge"], {"p5.48xlarge": {"gpus": "eight"}}, {}, {}, {}),
+            "gpus is 'eight', not a whole number",
+        ),
+        (
+            "target_refusals",
+            (["p5.48xlarge"], {"p5.48xlarge": {}}, {}, {}, None),
+            "gpuforge_versions must be a mapping",
+        ),
+        ("efa_targets", (["p5.48xlarge"], {"p5.48xlarge": {"efa_interfaces": "x"}}), "efa_interfaces is 'x'"),
+        ("targets_nvswitch", ("p5.48xlarge", {}), "targets_nvswitch: the targets must be a list"),
+        (
+            "targets_needing_open_modules",
+            (["p5.48xlarge"], {}, ["B200"]),
+            "gpuforge_gpu_models must be a mapping",
+        ),
+        ("target_names", (5, [], "", {}), "target_names: instance types must be a list of names"),
+        ("target_names", ("", [], "", ["p5.48xlarge"]), "gpuforge_instance_types must be a mapping"),
+    ],
+)
+def test_the_target_filters_say_what_to_pass(name: str, args: tuple[Any, ...], message: str) -> None:
+    """Malformed input is an AnsibleFilterError saying what to pass, never a TypeError or ValueError."""
+    filters = sourcefile.load("target_types", "plugins/filter/target_types.py").FilterModule().filters()
+    with pytest.raises(AnsibleFilterError, match=re.escape(message)):
+        filters[name](*args)
 
 
 def test_the_target_filters_are_the_one_implementation() -> None:

@@ -21,23 +21,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped]
+from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import (
+    compare,
+    upstream_version,
+    version_key,
+)
 
 METHODS = ("package", "container", "binary")
 _RELEASE = re.compile(r"^[0-9]+(?:[.][0-9]+)+$")
 
 
-def _release(text: Any, what: str) -> tuple[int, ...]:
-    """(4, 7, 0) from "4.7.0", "1:4.7.0" or "1:4.7.0-1" (Debian epoch and revision dropped)."""
-    bare = re.sub(r"-[^-]*$", "", re.sub(r"^[0-9]+:", "", str(text).strip()))
+def _release(text: Any, what: str) -> str:
+    """ "4.7.0" from "4.7.0", "1:4.7.0" or "1:4.7.0-1" (Debian epoch and revision dropped); the
+    releases compare as the version policy compares them (policy.compare)."""
+    bare = upstream_version(str(text))
     if not _RELEASE.match(bare):
         raise AnsibleFilterError(
             f"dcgm_exporter_pairing: {what} {text!r} is not a DCGM release such as 4.7.0"
         )
-    return tuple(int(part) for part in bare.split("."))
-
-
-def _text(release: tuple[int, ...]) -> str:
-    return ".".join(str(part) for part in release)
+    return bare
 
 
 def dcgm_exporter_pairing(host_dcgm: Any, pins: Any, method: Any) -> dict[str, Any]:
@@ -60,42 +62,42 @@ def dcgm_exporter_pairing(host_dcgm: Any, pins: Any, method: Any) -> dict[str, A
     lowest = _release(pins.get("dcgm_tested_min", ""), "dcgm_exporter.dcgm_tested_min")
     highest = _release(pins.get("dcgm_tested_max", ""), "dcgm_exporter.dcgm_tested_max")
     strict_from = _release(pins.get("dcgm_same_release_from", ""), "dcgm_exporter.dcgm_same_release_from")
-    if not lowest <= paired <= highest:
+    if compare(paired, lowest) < 0 or compare(paired, highest) > 0:
         raise AnsibleFilterError(
-            f"dcgm_exporter_pairing: versions.yml pairs dcgm-exporter {exporter} with DCGM {_text(paired)}, "
-            f"outside the DCGM {_text(lowest)} to {_text(highest)} it records as tested"
+            f"dcgm_exporter_pairing: versions.yml pairs dcgm-exporter {exporter} with DCGM {paired}, "
+            f"outside the DCGM {lowest} to {highest} it records as tested"
         )
     host = _release(host_dcgm, "the host's DCGM")
     # The package and the binary load the host's own libdcgm; the image carries its tag's DCGM.
     libdcgm = paired if method == "container" else host
-    tested = f"{_text(lowest)} to {_text(highest)}"
+    tested = f"{lowest} to {highest}"
     result: dict[str, Any] = {
         "ok": True,
         "reason": "",
-        "host_dcgm": _text(host),
-        "libdcgm": _text(libdcgm),
+        "host_dcgm": host,
+        "libdcgm": libdcgm,
         "tested": tested,
     }
-    if host < lowest:
+    if compare(host, lowest) < 0:
         result["ok"] = False
         result["reason"] = (
-            f"the host's DCGM {_text(host)} is older than dcgm-exporter {exporter} is tested with "
-            f"(DCGM {tested}, versions.yml dcgm_exporter): raise dcgm_floor to {_text(lowest)} or more "
-            f"so the pin replaces it, or pin an exporter release paired with DCGM {_text(host)}"
+            f"the host's DCGM {host} is older than dcgm-exporter {exporter} is tested with "
+            f"(DCGM {tested}, versions.yml dcgm_exporter): raise dcgm_floor to {lowest} or more "
+            f"so the pin replaces it, or pin an exporter release paired with DCGM {host}"
         )
-    elif host > highest:
+    elif compare(host, highest) > 0:
         result["ok"] = False
         result["reason"] = (
-            f"the host's DCGM {_text(host)} is newer than dcgm-exporter {exporter} is tested with "
+            f"the host's DCGM {host} is newer than dcgm-exporter {exporter} is tested with "
             f"(DCGM {tested}, versions.yml dcgm_exporter), and gpuforge never downgrades DCGM: pin the "
-            f"dcgm-exporter release NVIDIA pairs with DCGM {_text(host)} in versions.yml, or set "
+            f"dcgm-exporter release NVIDIA pairs with DCGM {host} in versions.yml, or set "
             "dcgm_exporter_enabled=false"
         )
-    elif libdcgm != host and max(libdcgm, host) >= strict_from:
+    elif compare(libdcgm, host) != 0 and compare(max(libdcgm, host, key=version_key), strict_from) >= 0:
         result["ok"] = False
         result["reason"] = (
-            f"the {method} method's libdcgm {_text(libdcgm)} cannot talk to the host's nv-hostengine "
-            f"{_text(host)}: from DCGM {_text(strict_from)} on both must be the same release "
+            f"the {method} method's libdcgm {libdcgm} cannot talk to the host's nv-hostengine "
+            f"{host}: from DCGM {strict_from} on both must be the same release "
             "(versions.yml dcgm_exporter.dcgm_same_release_from); use dcgm_exporter_install_method=package, "
             "whose exporter uses the host's libdcgm"
         )

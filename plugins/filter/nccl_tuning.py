@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import compare
+
 _VERSION = re.compile(r"\d+(?:\.\d+)*")
 
 # Conditions a candidate may carry: each compares one probed version with an exclusive upper bound.
@@ -20,21 +22,26 @@ _BOUNDS = {
 }
 
 
+def _release(text: str) -> str:
+    """A probed version as the policy compares it: without surrounding blanks or a leading 'v'."""
+    return str(text).strip().lstrip("v")
+
+
 def parse_version(text: str) -> tuple[int, ...] | None:
     """Leading dotted number of a version string ("1.22.0amzn4.0" -> (1, 22, 0)); None if there is none."""
-    match = _VERSION.match(str(text).strip().lstrip("v"))
+    match = _VERSION.match(_release(text))
     if match is None:
         return None
     return tuple(int(part) for part in match.group(0).split("."))
 
 
 def _below(found: str, bound: str) -> bool | None:
-    """Whether version `found` sorts below `bound`; None when `found` is unknown."""
-    have, limit = parse_version(found), parse_version(bound)
-    if have is None or limit is None:
+    """Whether version `found` sorts below `bound`, compared as the version policy compares
+    (plugins/module_utils/policy.py: "6.8" == "6.8.0", "1.22.0amzn4.0" above "1.22.0"); None when
+    either is not a version (no leading number)."""
+    if parse_version(found) is None or parse_version(bound) is None:
         return None
-    width = max(len(have), len(limit))
-    return have + (0,) * (width - len(have)) < limit + (0,) * (width - len(limit))
+    return compare(_release(found), _release(bound)) < 0
 
 
 def _left_to_plugin(name: str, node: dict[str, Any]) -> str | None:

@@ -13,43 +13,78 @@ points for the roles, each documented in the .yml of its name beside this file:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuforge.gpu.plugins.module_utils import targets
+
+T = TypeVar("T")
+
+
+def _checked(filter_name: str, decide: Callable[[], T]) -> T:
+    """`decide()`, its ValueError (module_utils.targets says what to pass) as the filter's error."""
+    try:
+        return decide()
+    except ValueError as error:
+        raise AnsibleFilterError(f"{filter_name}: {error}") from error
 
 
 def target_names(
     given: Any, recorded: Any = None, own_type: Any = None, instance_types: Any = None
 ) -> list[str]:
     """gpuforge.gpu.target_names: see module_utils.targets.choose."""
-    return targets.choose(given, recorded, own_type, instance_types or {})
+    return _checked(
+        "target_names",
+        lambda: targets.choose(
+            given, recorded, own_type, targets.mapping(instance_types, "gpuforge_instance_types")
+        ),
+    )
 
 
 def target_refusals(
     names: Any, instance_types: Any, gpu_models: Any, unsupported: Any, versions: Any
 ) -> list[str]:
     """gpuforge.gpu.target_refusals: see module_utils.targets.refusals."""
-    return targets.refusals(names or [], instance_types, gpu_models or {}, unsupported or {}, versions)
+    return _checked(
+        "target_refusals", lambda: targets.refusals(names, instance_types, gpu_models, unsupported, versions)
+    )
+
+
+def _types(instance_types: Any) -> targets.Rows:
+    return targets.mapping(instance_types, "gpuforge_instance_types")
 
 
 def targets_nvswitch(names: Any, instance_types: Any) -> bool:
     """gpuforge.gpu.targets_nvswitch: see module_utils.targets.nvswitch."""
-    return targets.nvswitch(names or [], instance_types or {})
+    return _checked(
+        "targets_nvswitch", lambda: targets.nvswitch(targets.target_list(names), _types(instance_types))
+    )
 
 
 def targets_nvlink_subnet_manager(names: Any, instance_types: Any) -> bool:
     """gpuforge.gpu.targets_nvlink_subnet_manager: see module_utils.targets.nvlink_subnet_manager."""
-    return targets.nvlink_subnet_manager(names or [], instance_types or {})
+    return _checked(
+        "targets_nvlink_subnet_manager",
+        lambda: targets.nvlink_subnet_manager(targets.target_list(names), _types(instance_types)),
+    )
 
 
 def efa_targets(names: Any, instance_types: Any) -> list[str]:
     """gpuforge.gpu.efa_targets: see module_utils.targets.efa."""
-    return targets.efa(names or [], instance_types or {})
+    return _checked("efa_targets", lambda: targets.efa(targets.target_list(names), _types(instance_types)))
 
 
 def targets_needing_open_modules(names: Any, instance_types: Any, gpu_models: Any) -> list[str]:
     """gpuforge.gpu.targets_needing_open_modules: see module_utils.targets.open_modules."""
-    return targets.open_modules(names or [], instance_types or {}, gpu_models or {})
+    return _checked(
+        "targets_needing_open_modules",
+        lambda: targets.open_modules(
+            targets.target_list(names),
+            _types(instance_types),
+            targets.mapping(gpu_models, "gpuforge_gpu_models"),
+        ),
+    )
 
 
 class FilterModule:

@@ -14,22 +14,52 @@ gpuforge_unsupported_instance_types (name -> why), `pins` gpuforge_versions (com
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import compare
+
 Rows = Mapping[str, Mapping[str, Any]]
 
-_NUMBER = re.compile(r"\d+")
+
+def mapping(value: Any, what: str, *, required: bool = False) -> Mapping[str, Any]:
+    """`value` when it is a mapping ({} for none, unless it is `required`); ValueError naming `what`
+    otherwise."""
+    if value is None and not required:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a mapping (as its data file loads), not {type(value).__name__}")
+    return value
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    """Numeric fields of a release ('570.133.20' -> (570, 133, 20)); a packaging suffix is ignored."""
-    return tuple(int(part) for part in _NUMBER.findall(str(version).split("-")[0]))
+def target_list(value: Any) -> list[str]:
+    """The target names of a list (none for None); ValueError for anything else, such as a string,
+    which names() splits but a decision must not iterate character by character."""
+    if value is None:
+        return []
+    if isinstance(value, (str, Mapping)) or not isinstance(value, Iterable):
+        raise ValueError(
+            f"the targets must be a list of instance type names (gpuforge_targets), not {value!r}"
+        )
+    return [str(name) for name in value]
+
+
+def count(row: Mapping[str, Any], key: str, name: str) -> int:
+    """A whole-number field of instance type `name`'s row (0 when absent); ValueError otherwise."""
+    value = row.get(key) or 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"instance type {name}: {key} is {value!r}, not a whole number (data/instance_types.yml)"
+        ) from None
 
 
 def names(value: str | Iterable[Any] | None) -> list[str]:
-    """'p5.48xlarge, p5en.48xlarge' or a list -> the names in order, once each, blanks dropped."""
+    """'p5.48xlarge, p5en.48xlarge' or a list -> the names in order, once each, blanks dropped;
+    ValueError for anything else (a number, a mapping)."""
+    if value is not None and (isinstance(value, Mapping) or not isinstance(value, (str, Iterable))):
+        raise ValueError(f"instance types must be a list of names or a comma-separated string, not {value!r}")
     items = str(value).split(",") if isinstance(value, str) else list(value or [])
     found: list[str] = []
     for item in items:
@@ -47,10 +77,11 @@ def choose(
 ) -> list[str]:
     """The types a node's software is for: those given (a bake passes the image's), else those its
     manifest recorded (the image it booted from, so a converge keeps the image's decisions), else its
-    own instance type where that is a known one, else none. A value given is used as given (a blank
-    one names none), never replaced by a fallback."""
-    if given:
-        return names(given)
+    own instance type where that is a known one, else none. A given value that names no type (None,
+    an empty list, '' or only blanks and commas) is as if none was given: the fallbacks apply."""
+    chosen = names(given)
+    if chosen:
+        return chosen
     if recorded:
         return names(recorded)
     own = str(own_type or "").strip()
@@ -72,15 +103,26 @@ def unknown(targets: Iterable[str], instance_types: Rows, unsupported: Mapping[s
 
 
 def _pinned(pins: Mapping[str, Any], component: str) -> str:
-    return str((pins.get(component) or {}).get("version") or "")
+    entry = pins.get(component) or {}
+    return str((entry.get("version") if isinstance(entry, Mapping) else "") or "").strip()
 
 
-def _below(pinned: str, minimum: Any) -> bool:
-    return bool(minimum) and version_key(pinned) < version_key(str(minimum))
+def _unpinned(pinned: str, minimum: Any, component: str, name: str) -> str:
+    """The refusal of type `name`, which needs `component` `minimum` or later, where versions.yml
+    pins no `component` ('' where it pins one or nothing is needed). Refused rather than skipped:
+    gpuforge cannot vouch that an image serves the type with a release it does not pin (and a
+    missing pin compared as '' would read as older than everything, naming no release)."""
+    if not minimum or pinned:
+        return ""
+    return f"{name}: no {component} pinned; this type needs {minimum} or later (pin it in versions.yml)"
+
+
+def _older(pinned: str, minimum: Any) -> bool:
+    return bool(minimum) and bool(pinned) and compare(pinned, str(minimum)) < 0
 
 
 def _gpu_problems(name: str, row: Mapping[str, Any], gpu_models: Rows, pins: Mapping[str, Any]) -> list[str]:
-    model_name = row.get("gpu_model") or ""
+    model_name = str(row.get("gpu_model") or "")
     model = gpu_models.get(model_name)
     if model is None:
         return [
@@ -90,7 +132,9 @@ def _gpu_problems(name: str, row: Mapping[str, Any], gpu_models: Rows, pins: Map
     found = []
     for component, key, what in (("nvidia_driver", "min_driver", "driver"), ("cuda", "min_cuda", "CUDA")):
         pinned, minimum = _pinned(pins, component), model.get(key)
-        if _below(pinned, minimum):
+        if missing := _unpinned(pinned, minimum, component, name):
+            found.append(missing)
+        elif _older(pinned, minimum):
             found.append(
                 f"{name}: the pinned {what} {pinned} does not support its {model_name} "
                 f"({model.get('architecture')}, compute capability {model.get('compute_capability')}); "
@@ -100,11 +144,13 @@ def _gpu_problems(name: str, row: Mapping[str, Any], gpu_models: Rows, pins: Map
 
 
 def _plugin_problems(name: str, row: Mapping[str, Any], pins: Mapping[str, Any]) -> list[str]:
-    plugin = row.get("aws_ofi_nccl") or {}
+    plugin = mapping(row.get("aws_ofi_nccl"), f"instance type {name}: aws_ofi_nccl")
     found = []
     for component, key in (("aws_ofi_nccl", "min_version"), ("nccl", "min_nccl")):
         pinned, minimum = _pinned(pins, component), plugin.get(key)
-        if _below(pinned, minimum):
+        if missing := _unpinned(pinned, minimum, component, name):
+            found.append(missing)
+        elif _older(pinned, minimum):
             found.append(
                 f"{name}: the pinned {component} {pinned} is older than the {minimum} the "
                 f"aws-ofi-nccl platform settings for this type need (versions.yml {component})"
@@ -116,8 +162,8 @@ def problems(name: str, instance_types: Rows, gpu_models: Rows, pins: Mapping[st
     """Why the pinned driver, CUDA, aws-ofi-nccl or NCCL cannot serve known type `name` (empty when
     they can): a GPU needs its model's minimum driver and CUDA, a type with aws-ofi-nccl platform
     settings the plugin and NCCL releases that have them."""
-    row = instance_types[name]
-    found = _gpu_problems(name, row, gpu_models, pins) if int(row.get("gpus") or 0) > 0 else []
+    row = mapping(instance_types[name], f"instance type {name}'s row")
+    found = _gpu_problems(name, row, gpu_models, pins) if count(row, "gpus", name) > 0 else []
     return found + _plugin_problems(name, row, pins)
 
 
@@ -129,12 +175,16 @@ def refusals(
     pins: Mapping[str, Any],
 ) -> list[str]:
     """Every reason to refuse these targets: unknown or unsupported types first (then nothing else
-    is checked), else what the pins cannot serve. Empty when the image can be built for them."""
-    listed = list(targets)
-    refused = unknown(listed, instance_types, unsupported)
+    is checked), else what the pins cannot serve. Empty when the image can be built for them.
+    ValueError, saying what to pass, when an input is not of the shape its data file loads."""
+    listed = target_list(targets)
+    types = mapping(instance_types, "gpuforge_instance_types", required=True)
+    models = mapping(gpu_models, "gpuforge_gpu_models")
+    refused = unknown(listed, types, mapping(unsupported, "gpuforge_unsupported_instance_types"))
     if refused:
         return refused
-    return [why for name in listed for why in problems(name, instance_types, gpu_models, pins)]
+    pinned = mapping(pins, "gpuforge_versions", required=True)
+    return [why for name in listed for why in problems(name, types, models, pinned)]
 
 
 def _rows(targets: Iterable[str], instance_types: Rows) -> list[Mapping[str, Any]]:
@@ -157,7 +207,7 @@ def efa(targets: Iterable[str], instance_types: Rows) -> list[str]:
     return [
         str(name)
         for name in targets or []
-        if int((instance_types.get(name) or {}).get("efa_interfaces") or 0) > 0
+        if count(instance_types.get(name) or {}, "efa_interfaces", str(name)) > 0
     ]
 
 
