@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 import pytest
-import yaml
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpuforge.gpu.plugins.module_utils import fast_path as fast_path_module
 
 import sourcefile
 from gpuforge import node_manifest, versions
@@ -148,14 +148,63 @@ FAST_PATH: dict[str, tuple[dict[str, Any] | None, str, bool, tuple[bool, str]]] 
 }
 
 
-# The role side's install revision, which its manifest writer records and its fast path compares.
-ROLE_INSTALL_REVISION = yaml.safe_load((REPO / "roles/gpuforge_common/vars/main.yml").read_text())[
-    "_gpuforge_common_install_revision"
-]
+def test_the_install_revision_is_defined_once() -> None:
+    """plugins/module_utils/fast_path.py's INSTALL_REVISION, which the CLI reads and the manifest's
+    writer records through gpuforge.gpu.completed_install (the written file:
+    test_only_the_last_write_records_a_completed_install); no role variable copies it."""
+    assert node_manifest.INSTALL_REVISION == fast_path_module.INSTALL_REVISION
+    assert max(fast_path_module.REVISIONS) == fast_path_module.INSTALL_REVISION
+    assert "install_revision" not in (REPO / "roles/gpuforge_common/vars/main.yml").read_text()
+    template = (REPO / "roles/gpuforge_common/templates/etc/gpuforge/manifest.json.j2").read_text()
+    assert "gpuforge.gpu.completed_install(gpuforge_targets)" in template
+    assert fast_path_filter.completed_install("abc", ["p5.48xlarge"]) == {
+        "versions_hash": "abc",
+        "targets": ["p5.48xlarge"],
+        "install_revision": node_manifest.INSTALL_REVISION,
+    }
 
 
-def test_both_sides_agree_on_the_install_revision() -> None:
-    assert ROLE_INSTALL_REVISION == node_manifest.INSTALL_REVISION
+@pytest.mark.parametrize(
+    ("pins_hash", "targets"), [("", ["p5.48xlarge"]), ("abc", "p5.48xlarge"), ("abc", None)]
+)
+def test_completed_install_refuses_what_is_not_a_hash_or_targets(pins_hash: Any, targets: Any) -> None:
+    with pytest.raises(AnsibleFilterError, match="completed_install: pass"):
+        fast_path_filter.completed_install(pins_hash, targets)
+
+
+def test_targets_recorded_as_a_string_are_a_malformed_manifest() -> None:
+    """Read character by character, completed.targets "p5.48xlarge" would hold "p": not golden."""
+    for recorded in ("p5.48xlarge", "p", {"p5.48xlarge": True}):
+        raw = {**GOLDEN, "completed": {**GOLDEN["completed"], "targets": recorded}}
+        golden, why = fast_path_filter.fast_path(raw, PINS.digest, "p")
+        assert not golden
+        assert (
+            why == f"the manifest's completed.targets is {recorded!r}, not a list of instance types "
+            "(a malformed manifest)"
+        )
+    # No targets recorded at all is an empty list, as the CLI's reader takes it.
+    raw = {
+        **GOLDEN,
+        "completed": {"versions_hash": PINS.digest, "install_revision": node_manifest.INSTALL_REVISION},
+    }
+    assert fast_path_filter.fast_path(raw, PINS.digest, "p5.48xlarge") == [
+        False,
+        "p5.48xlarge is not among the image's targets (none)",
+    ]
+
+
+def test_an_older_revision_is_told_what_it_lacks_from_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The message names what each later revision added (REVISIONS), not a hard-coded revision 2."""
+    monkeypatch.setattr(fast_path_module, "REVISIONS", {**fast_path_module.REVISIONS, 3: "the frobnicator"})
+    raw = {**GOLDEN, "completed": {**GOLDEN["completed"], "install_revision": 2}}
+    assert fast_path_module.decide(raw, PINS.digest, "p5.48xlarge", install_revision=3) == (
+        False,
+        "the image's install phase is revision 2, gpuforge's is 3 (it did not bake the frobnicator)",
+    )
+    raw = {**GOLDEN, "completed": {**GOLDEN["completed"], "install_revision": 1}}
+    assert fast_path_module.decide(raw, PINS.digest, "p5.48xlarge", install_revision=3)[1].endswith(
+        "(it did not bake munge and the Slurm daemons; the frobnicator)"
+    )
 
 
 @pytest.mark.parametrize("case", list(FAST_PATH))
@@ -270,7 +319,6 @@ def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "_last": {
                 "_gpuforge_common_installed_now": {},
                 "_gpuforge_common_install_completed": True,
-                "_gpuforge_common_install_revision": ROLE_INSTALL_REVISION,
             },
             "_over_golden": {"_gpuforge_common_installed_now": {}, "gpuforge_previous_manifest": GOLDEN},
             "_over_fresh": {"_gpuforge_common_installed_now": {}},
@@ -286,7 +334,8 @@ def test_only_the_last_write_records_a_completed_install(role_side: dict[str, An
     assert last["completed"] == {
         "versions_hash": PINS.digest,
         "targets": ["p5.48xlarge"],
-        "install_revision": ROLE_INSTALL_REVISION,
+        # The module's revision, which the template takes through gpuforge.gpu.completed_install.
+        "install_revision": node_manifest.INSTALL_REVISION,
     }
     assert first_over_golden["completed"] == GOLDEN["completed"]  # kept from the earlier run
     assert "completed" not in first_over_fresh

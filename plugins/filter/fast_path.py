@@ -5,7 +5,11 @@ playbooks/bake.yml's first play reads the node's manifest and asks:
     "{{ gpuforge_previous_manifest | gpuforge.gpu.fast_path(gpuforge_versions_hash, gpuforge_instance_type,
         full_install=gpuforge_full_install) }}"  ->  [golden (bool), why]
 
-The decision is plugins/module_utils/fast_path.py, which the CLI imports too.
+The decision is plugins/module_utils/fast_path.py, which the CLI imports too. Its install revision
+is recorded by the manifest's writer through gpuforge.gpu.completed_install, so it is defined once:
+
+    {{ gpuforge_versions_hash | gpuforge.gpu.completed_install(gpuforge_targets) }}
+      ->  {"versions_hash": ..., "targets": [...], "install_revision": INSTALL_REVISION}
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.gpuforge.gpu.plugins.module_utils.fast_path import decide
+from ansible_collections.gpuforge.gpu.plugins.module_utils.fast_path import completed, decide
 
 
 def fast_path(
@@ -35,8 +39,21 @@ def fast_path(
     return [golden, why]
 
 
+def completed_install(versions_hash: Any, targets: Any) -> dict[str, Any]:
+    """The manifest's `completed` entry for an install phase run to its end (with the install revision
+    of plugins/module_utils/fast_path.py)."""
+    if not isinstance(versions_hash, str) or not versions_hash:
+        raise AnsibleFilterError("completed_install: pass the current pins' hash (gpuforge_versions_hash)")
+    if not isinstance(targets, list):
+        raise AnsibleFilterError(
+            "completed_install: pass the targets as a list of instance types (gpuforge_targets), "
+            f"not {targets!r}"
+        )
+    return completed(versions_hash, [str(name) for name in targets])
+
+
 class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Any]:
-        return {"fast_path": fast_path}
+        return {"fast_path": fast_path, "completed_install": completed_install}

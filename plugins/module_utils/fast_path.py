@@ -20,10 +20,15 @@ from typing import Any
 
 # What the install phase (playbooks/bake.yml) covers beyond the pinned components, recorded as the
 # manifest's completed.install_revision; bumped whenever it starts baking something versions.yml does
-# not pin, so an image baked before that change takes the full install. 2: munge and the Slurm
-# daemons (the slurm role's install part). The manifest's writer records
-# roles/gpuforge_common/vars/main.yml's _gpuforge_common_install_revision, kept equal by a test.
-INSTALL_REVISION = 2
+# not pin, so an image baked before that change takes the full install. Defined here only: the
+# manifest's writer (roles/gpuforge_common/templates/etc/gpuforge/manifest.json.j2) records it through
+# the filter gpuforge.gpu.completed_install, the CLI reads it as gpuforge.node_manifest.INSTALL_REVISION.
+# Each revision after the first, and what it started baking (the message of a refused fast path
+# names what an older image lacks); add the new revision's entry when bumping INSTALL_REVISION.
+REVISIONS: dict[int, str] = {
+    2: "munge and the Slurm daemons",  # the slurm role's install part
+}
+INSTALL_REVISION = max(REVISIONS)
 
 
 def _revision(value: Any) -> int:
@@ -34,6 +39,17 @@ def _revision(value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         return 0
+
+
+def missing_since(revision: int, install_revision: int = INSTALL_REVISION) -> str:
+    """What the install phases after `revision`, up to `install_revision`, added (joined by '; ')."""
+    return "; ".join(REVISIONS[r] for r in sorted(REVISIONS) if revision < r <= install_revision)
+
+
+def completed(versions_hash: str, targets: list[str]) -> dict[str, Any]:
+    """The manifest's `completed` entry of an install phase that ran to its end for these pins and
+    targets, at this install revision (docs/manifest.md)."""
+    return {"versions_hash": versions_hash, "targets": list(targets), "install_revision": INSTALL_REVISION}
 
 
 def decide(
@@ -63,14 +79,22 @@ def decide(
         return False, f"pins changed: the node has {done_hash[:12]}, versions.yml {versions_hash[:12]}"
     revision = _revision(done.get("install_revision"))
     if revision < install_revision:
+        missing = missing_since(revision, install_revision)
         return False, (
             f"the image's install phase is revision {revision}, gpuforge's is {install_revision}"
-            " (it did not bake munge and the Slurm daemons)"
+            + (f" (it did not bake {missing})" if missing else "")
         )
     node_type = (instance_type or "").strip()
     if node_type in ("", "unknown"):
         return False, "this node's instance type is unknown (the inventory sets no gpuforge_instance_type)"
-    targets = [str(t) for t in done.get("targets") or []]
+    recorded = done.get("targets", [])
+    if not isinstance(recorded, list):
+        # A string would be read character by character; whatever wrote it, the record cannot be trusted.
+        return False, (
+            f"the manifest's completed.targets is {recorded!r}, not a list of instance types "
+            "(a malformed manifest)"
+        )
+    targets = [str(t) for t in recorded]
     if node_type not in targets:
         return False, f"{node_type} is not among the image's targets ({', '.join(targets) or 'none'})"
     return True, f"golden: pins {versions_hash[:12]} installed for {', '.join(targets)}"
