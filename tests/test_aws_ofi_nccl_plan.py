@@ -136,6 +136,18 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     "aws_ofi_nccl_source": source,
                 },
             },
+            # What the role records and hands the nccl role (check mode: the record is not written).
+            {
+                "ansible.builtin.include_role": {
+                    "name": "gpuforge.gpu.aws_ofi_nccl",
+                    "tasks_from": "register.yml",
+                },
+                "vars": {
+                    "aws_ofi_nccl_prefix": str(root / case / "built"),
+                    "aws_ofi_nccl_record_file": str(root / case / "aws_ofi_nccl.json"),
+                    "aws_ofi_nccl_linker_enabled": False,
+                },
+            },
             _with_decision(
                 case,
                 {
@@ -145,6 +157,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     # The version policy's record, as the manifest's "installed" takes it ('' when none).
                     "decision": "{{ _decision.action ~ ' ' ~ _decision.version ~ ' ' ~ _decision.source"
                     " if _decision else '' }}",
+                    # The release in use, in the record and in the range the nccl role reads.
+                    "in_use": "{{ _aws_ofi_nccl_outcome.version | trim }}",
+                    "range_of": "{{ gpuforge_ofi_nccl_range.plugin }}",
                 },
             ),
         ]
@@ -174,6 +189,9 @@ def test_plugin_source_decision(outcomes: dict[str, Any], case: str) -> None:
         "bundled_version": bundled_version,
         "lib_dir": str(prefix / lib_dir) if lib_dir else "",
         "decision": decision,
+        # The adopted bundle's release, else the pin (built, or wanted where skipped).
+        "in_use": bundled_version if plan == "bundled" else PIN,
+        "range_of": bundled_version if plan == "bundled" else PIN,
     }
 
 
