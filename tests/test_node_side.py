@@ -658,7 +658,8 @@ def test_a_run_leaves_other_runs_builds_alone_and_removes_its_own(tmp_path: Path
     legacy.write_bytes(b"another run's tarball")
     _run_collection(play, env)
     assert other.read_bytes() == legacy.read_bytes() == b"another run's tarball"
-    assert sorted(p.name for p in (tmp_path / "build").iterdir()) == ["gpuforge-gpu-0.1.0.tar.gz", "run.other"]
+    left = sorted(p.name for p in (tmp_path / "build").iterdir())
+    assert left == ["gpuforge-gpu-0.1.0.tar.gz", "run.other"]
 
 
 def test_the_revision_names_what_a_node_runs_and_a_rerun_changes_nothing(tmp_path: Path) -> None:

@@ -28,12 +28,12 @@ from typing import Any
 
 # Releases compare as the version policy compares them (the drift check's "below the floor").
 from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import SOURCES, compare
+from ansible_collections.gpuforge.gpu.plugins.module_utils.versions import VERSIONS_HASH_TAG
 
 SCHEMA = 2
 # One AMI tag per installed component: "gpuforge:installed:<component>" = "<version>/<source>[@<digest>]".
 INSTALLED_TAG_PREFIX = "gpuforge:installed:"
 # The image's tag with the hash of the pins it was baked with (gpuforge.versions.HASH_TAG writes it).
-VERSIONS_HASH_TAG = "gpuforge:versions-hash"
 
 
 class ManifestError(ValueError):

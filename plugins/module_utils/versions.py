@@ -19,6 +19,8 @@ from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import SOURCES
 
 # A pin is an exact version: dotted numbers, optionally a "-suffix" (dcgm-exporter's "3.3.9-3.6.1").
 VERSION_PATTERN = r"^[0-9]+([.][0-9]+)+(-[0-9A-Za-z.]+)?$"
+# The image tag carrying digest(): written by the CLI at bake time, read by the drift check.
+VERSIONS_HASH_TAG = "gpuforge:versions-hash"
 _VERSION_RE = re.compile(VERSION_PATTERN)
 
 

@@ -55,10 +55,6 @@ def instance_types_file() -> Path:
     return share_root() / "data" / "instance_types.yml"
 
 
-def aws_ofi_nccl_file() -> Path:
-    return share_root() / "data" / "aws_ofi_nccl.yml"
-
-
 def packer_dir() -> Path:
     return share_root() / "packer"
 

@@ -16,7 +16,7 @@ from gpuforge.errors import UserError
 # roles/gpuforge_common/tasks/load_data.yml applies through the collection's filters.
 VERSION_PATTERN = _rules.VERSION_PATTERN
 TAG_PREFIX = "gpuforge:"
-HASH_TAG = "gpuforge:versions-hash"
+HASH_TAG = _rules.VERSIONS_HASH_TAG
 
 
 @dataclass(frozen=True)
