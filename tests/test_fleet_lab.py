@@ -363,12 +363,16 @@ def test_on_node_configured_configures_the_node_offline_from_its_image(
             "s3", endpoint_url=endpoint, region_name="us-east-1",
             aws_access_key_id="testing", aws_secret_access_key="testing",
         )  # fmt: skip
-        for _ in range(50):
+        # moto_server takes a while to start on a loaded machine (10 s was not enough under CI's load).
+        deadline = time.monotonic() + 120
+        while True:
             try:
                 s3.create_bucket(Bucket="gpuforge-revs")
                 break
             except Exception:  # moto_server is still starting
-                time.sleep(0.2)
+                assert moto.poll() is None, f"moto_server on {endpoint} exited with {moto.returncode}"
+                assert time.monotonic() < deadline, f"moto_server on {endpoint} not ready after 120 s"
+                time.sleep(0.5)
         newer = noderev.publish(s3, REPO, "HEAD", "gpuforge-revs", "gpuforge/revisions/")
         older = noderev.resolve(REPO, "HEAD~1")
         script = base64.b64encode((REPO / "scripts/pcluster/on_node_configured.sh").read_bytes()).decode()
