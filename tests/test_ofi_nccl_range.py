@@ -176,9 +176,11 @@ PAIR_CASES: dict[str, tuple[str, str, str]] = {
     "pin-beyond-an-older-plugin": ("1.19.2", "install", "2.30.7"),
     "plugin-older-than-every-row": ("1.13.2", "install", "2.30.7"),
     "downgrade-checked-too": ("1.19.2", "downgrade", "2.30.7"),
-    # An adopted or kept NCCL passed the range when it was adopted.
+    # An adopted NCCL passed the range when it was adopted.
     "adopted-not-checked-again": ("1.19.2", "adopt", "2.30.7"),
-    "kept-not-checked-again": ("1.21.1", "keep", "2.30.7"),
+    # A kept NCCL is the pin already on the host: judged as the pin on a fresh host is.
+    "kept-pin-inside": ("1.21.1", "keep", "2.30.7"),
+    "kept-pin-beyond-an-older-plugin": ("1.19.2", "keep", "2.30.7"),
 }
 
 
@@ -229,7 +231,9 @@ def plays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
 def test_nccl_installed_beside_the_plugin_is_a_tested_pair(pairs: dict[str, Any], case: str) -> None:
     plugin, action, version = PAIR_CASES[case]
     outside = (
-        ofi_nccl.nccl_range(plugin, _table()).check(version) if action in ("install", "downgrade") else ""
+        ofi_nccl.nccl_range(plugin, _table()).check(version)
+        if action in ("install", "downgrade", "keep")
+        else ""
     )
     if outside:
         assert pairs[case] != "passed"

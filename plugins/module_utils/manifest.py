@@ -33,7 +33,6 @@ from ansible_collections.gpuforge.gpu.plugins.module_utils.versions import VERSI
 SCHEMA = 2
 # One AMI tag per installed component: "gpuforge:installed:<component>" = "<version>/<source>[@<digest>]".
 INSTALLED_TAG_PREFIX = "gpuforge:installed:"
-# The image's tag with the hash of the pins it was baked with (gpuforge.versions.HASH_TAG writes it).
 
 
 class ManifestError(ValueError):

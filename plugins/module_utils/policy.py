@@ -6,9 +6,9 @@ The one implementation: the roles call it through the filter gpuforge.gpu.versio
 For one component, given the release installed now (or none), the pin from versions.yml and its
 floor:
 - nothing installed                          -> install the pin
-- installed == pin and compatible            -> keep it (its source stays what it was)
-- installed == pin, incompatible             -> refuse: installing the pin again would not help, the
-  pin itself is incompatible (pin a compatible release)
+- installed == pin                           -> keep it (its source stays what it was); whether the pin
+  itself suits the host is the role's to check (nccl's pair_check.yml; nccl_tests rebuilds a kept
+  release whose inputs changed, so `compatible` cannot refuse it here)
 - installed >= floor and compatible          -> adopt it, whatever the pin (never downgrade)
 - otherwise (below the floor or incompatible) and pin >= installed -> install the pin (upgrade)
 - otherwise (pin older than installed)       -> refuse, naming both releases, unless the user
@@ -90,7 +90,11 @@ def version_key(version: str) -> VersionKey:
     the epoch ignored ("1:4.5.3" is 4.5.3: versions.yml pins carry none); the upstream release
     first, then the Debian revision after the last '-' (so "4.7.0-4.9.0", a dcgm-exporter pin of
     <dcgm>-<exporter>, sorts below "4.7.0-4.10.0"); a '~' pre-release below its release
-    ("2.3~rc1" < "2.3"); trailing zero components equal ("13" == "13.0").
+    ("2.3~rc1" < "2.3"); trailing zero components of the leading release equal ("13" == "13.0",
+    but "1+cuda13.0" > "1+cuda13", as dpkg has it).
+
+    Never pass a dcgm-exporter pin through upstream_version: "4.7.0-4.9.0" is <dcgm>-<exporter>,
+    not a Debian revision, and would lose its exporter half.
 
     Readers of dpkg give the upstream release (upstream_version), so a pin compares like for like.
     """
@@ -140,12 +144,6 @@ class Decision:
 
     @property
     def message(self) -> str:
-        if self.action == "refuse" and compare(self.installed, self.pinned) == 0:
-            return (
-                f"{self.component}: installed {self.installed} is the pin, and it is {self.reason}; "
-                f"installing it again would not help. Pin a compatible release of {self.component} "
-                "in versions.yml (or pair it with a release it is compatible with)."
-            )
         if self.action == "refuse":
             return (
                 f"{self.component}: installed {self.installed} is {self.reason}, "
@@ -178,8 +176,7 @@ def decide(
     if not installed:
         action = "install"
     elif vs_pin == 0:
-        # The pin itself is what is incompatible: no action of this role can fix that.
-        action = "keep" if compatible else "refuse"
+        action = "keep"
     elif vs_floor >= 0 and compatible:
         action = "adopt"
     elif vs_pin < 0:
@@ -190,8 +187,11 @@ def decide(
         action = "refuse"
     # A release this node already recorded as gpuforge's stays gpuforge's; anything else came with the image.
     kept: Source = "gpuforge" if previous_source == "gpuforge" else "base_image"
-    incompatible = f"incompatible: {incompatible_reason or 'see the role'}"
-    why = incompatible if vs_pin == 0 else (f"below the floor {floor}" if vs_floor < 0 else incompatible)
+    why = (
+        f"below the floor {floor}"
+        if vs_floor < 0
+        else f"incompatible: {incompatible_reason or 'see the role'}"
+    )
     return Decision(
         component=component,
         action=action,
