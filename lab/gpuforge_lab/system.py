@@ -113,28 +113,42 @@ def raise_kernel_limits() -> None:
             log.warning("cannot raise %s to %d (%s); many lab hosts may fail to boot", key, minimum, exc)
 
 
-def kill_in_netns(netns: str) -> int:
-    """SIGKILL every process in the named network namespace; return how many there were.
+def _pids_in_netns(inode: int) -> set[int]:
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "ns" / "net").stat().st_ino == inode:
+                found.add(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_in_netns(netns: str, timeout: float = 20.0) -> int:
+    """SIGKILL every process in the named network namespace until none is left; return how many
+    there were.
 
     Each lab host is alone in its namespace, so this ends exactly that host's processes (its
-    root shows as "/" from here, so the namespace is what identifies them).
+    root shows as "/" from here, so the namespace is what identifies them). One pass is not
+    enough: the container's init may fork between the scan and its own kill, and a killed
+    process stays visible until it has exited, which takes a while on a loaded machine.
     """
     try:
         target = Path(f"/run/netns/{netns}").stat().st_ino
     except OSError:
         return 0
-    victims = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if (proc / "ns" / "net").stat().st_ino == target:
-                victims.append(int(proc.name))
-        except OSError:
-            continue
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    if victims:
-        log.warning("killed %d orphaned process(es) in network namespace %s", len(victims), netns)
-    return len(victims)
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while victims := _pids_in_netns(target):
+        if time.monotonic() > deadline:
+            raise ExternalError(f"processes {sorted(victims)} in network namespace {netns} survived SIGKILL")
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed |= victims
+        time.sleep(0.1)
+    if killed:
+        log.warning("killed %d orphaned process(es) in network namespace %s", len(killed), netns)
+    return len(killed)
