@@ -51,6 +51,8 @@ CASES: dict[str, tuple[str | None, str | None, bool, str]] = {
     "newer-bundle-required": ("lib/libnccl-net-ofi.so", NEWER, True, "bundled"),
     "other-bundle-with-cuda": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", True, "auto"),
     "other-bundle-no-cuda": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", False, "auto"),
+    # A rerun after other-bundle-with-cuda: the pin gpuforge built is there (EARLIER_BUILD).
+    "earlier-build-beside-an-older-bundle": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", True, "auto"),
     "no-bundle-no-cuda": (None, None, False, "auto"),
     "forced-build-with-bundle": (f"{ARCH_LIB}/libnccl-net.so", PIN, True, "build"),
     "required-bundle-mismatch": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", True, "bundled"),
@@ -58,6 +60,8 @@ CASES: dict[str, tuple[str | None, str | None, bool, str]] = {
     "other-bundle-no-cuda-efa-target": (f"{ARCH_LIB}/libnccl-net.so", "1.9.1", False, "auto"),
     "no-bundle-no-cuda-efa-target": (None, None, False, "auto"),
 }
+# Cases whose pin gpuforge built on an earlier run (a library under aws_ofi_nccl_prefix).
+EARLIER_BUILD = {"earlier-build-beside-an-older-bundle"}
 # Targets without EFA (c5n.large): there NCCL has no EFA to use, and a skip is no loss.
 TARGETS = {"other-bundle-no-cuda": "c5n.large", "no-bundle-no-cuda": "c5n.large"}
 
@@ -72,6 +76,9 @@ EXPECTED: dict[str, tuple[str, str, str, str] | str] = {
     "newer-bundle-required": ("bundled", NEWER, "lib", f"{_kept(NEWER)} {NEWER} base_image"),
     # Below the floor: the pin is built beside the bundle, and recorded as gpuforge's.
     "other-bundle-with-cuda": ("build", "1.9.1", ARCH_LIB, f"install {PIN} gpuforge"),
+    # The earlier build is what runs: kept, as the other roles keep their pin on a rerun (it said
+    # "install" on every rerun while nothing changed).
+    "earlier-build-beside-an-older-bundle": ("built", "1.9.1", ARCH_LIB, f"keep {PIN} gpuforge"),
     # Nothing is installed: nothing is recorded.
     "other-bundle-no-cuda": ("skip", "1.9.1", ARCH_LIB, ""),
     "no-bundle-no-cuda": ("skip", "", "", ""),
@@ -92,6 +99,9 @@ def _prepare(root: Path, case: str, plugins: dict[str, bytes]) -> dict[str, str]
     if lib is not None and version is not None:
         (prefix / lib).parent.mkdir(parents=True, exist_ok=True)
         (prefix / lib).write_bytes(plugins[version])
+    if case in EARLIER_BUILD:
+        (root / case / "built/lib").mkdir(parents=True)
+        (root / case / "built/lib/libnccl-net.so").write_bytes(plugins[PIN])
     if cuda:
         (cuda_home / "include").mkdir(parents=True)
         (cuda_home / "include" / "cuda.h").write_text("/* TEST FIXTURE: only its existence is probed */\n")
