@@ -13,11 +13,13 @@ import http.server
 import importlib.machinery
 import importlib.util
 import json
+import re
 import resource
 import shlex
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -1170,3 +1172,128 @@ def test_gdrcopy_explicit_setting_wins(config: dict[str, Any], setting: bool, st
 def test_gdrcopy_default_is_auto() -> None:
     """The role's default decides from the image (production: the DLAMI may or may not carry GDRCopy)."""
     assert DEFAULTS["health_gdrcopy_required"] == "auto"
+
+
+# --- states still settling after boot -------------------------------------------------------------
+# Fabric manager is started with `systemctl start --no-block` (gpuforge-nvswitch-services) and the
+# GPUs register with the fabric after it is up: a boot run waits for both, up to its deadline.
+
+
+def sequenced(tools: Tools, tool: str, args: str, frames: list[tuple[str, int]]) -> Path:
+    """Make `tool` answer `args` with the next frame at each call (the last one repeats) and pass every
+    other call to the stand-in; every call is logged in calls.log. Returns the log."""
+    directory = tools.directory / f"{tool}.sequence"
+    directory.mkdir()
+    for n, (text, rc) in enumerate(frames):
+        (directory / f"{n}.out").write_text(text)
+        (directory / f"{n}.rc").write_text(str(rc))
+    log = tools.directory / "calls.log"
+    wrapper = tools.directory / f"{tool}-sequenced"
+    wrapper.write_text(
+        "\n".join(
+            [
+                "#!/bin/sh",
+                'args=""',
+                'for a in "$@"; do case "$a" in --format*) ;; *) args="${args:+$args }$a" ;; esac; done',
+                f'echo "{tool} $args" >> {shlex.quote(str(log))}',
+                f'if [ "$args" != {shlex.quote(args)} ]; then exec {shlex.quote(tools.path(tool))} "$@"; fi',
+                f"d={shlex.quote(str(directory))}",
+                'n=$(cat "$d/next" 2>/dev/null || echo 0)',
+                f'[ "$n" -lt {len(frames) - 1} ] && echo $((n + 1)) > "$d/next"',
+                'cat "$d/$n.out"; exit "$(cat "$d/$n.rc")"',
+            ]
+        )
+        + "\n"
+    )
+    wrapper.chmod(0o755)
+    return log
+
+
+def boot_frames() -> list[tuple[str, int]]:
+    return [(frame.lstrip("\n"), 0) for frame in fixture("smi-fabric-p5-first-boot.txt").split("---\n")]
+
+
+def recorded_first_boot(config: dict[str, Any], tools: Tools, wait_s: float) -> Path:
+    """Fabric manager activating for one look, the GPUs registering over four: a p5's first boot."""
+    activating = [("activating\n", 3), ("active\n", 0)]
+    sequenced(tools, "systemctl", "is-active nvidia-fabricmanager", activating)
+    log = sequenced(tools, "nvidia-smi", FABRIC_QUERY, boot_frames())
+    config["tools"] |= {t: str(tools.directory / f"{t}-sequenced") for t in ("systemctl", "nvidia-smi")}
+    config["transient_wait_s"] = {"boot": wait_s, "adhoc": 0}
+    config["transient_poll_s"] = 0.05
+    return log
+
+
+def test_a_first_boot_with_registration_in_progress_passes(config: dict[str, Any], tools: Tools) -> None:
+    """Activating, then In Progress: the boot run waits for both, then judges the links: all pass."""
+    log = recorded_first_boot(config, tools, wait_s=30)
+    got = by_check(HEALTH.run_checks(config, "boot"))
+    for name in ("fabric_manager", "nvlink_fabric", "nvlink_state", "nvlink_errors"):
+        assert got[name]["status"] == "pass", got[name]
+    calls = log.read_text().splitlines()
+    fabric = [n for n, call in enumerate(calls) if call == f"nvidia-smi {FABRIC_QUERY}"]
+    assert len(fabric) == 4  # one per recorded frame: it stops looking once all GPUs Completed
+    assert calls.index("nvidia-smi nvlink --status") > fabric[-1]
+
+
+def test_without_a_wait_the_same_moment_fails(config: dict[str, Any], tools: Tools) -> None:
+    """adhoc waits for nothing: what is still on its way is judged as it is, and fails."""
+    recorded_first_boot(config, tools, wait_s=30)
+    got = by_check(HEALTH.run_checks(config, "adhoc"))
+    assert got["fabric_manager"]["detail"] == "nvidia-fabricmanager is activating (NVSwitch types need it)"
+    assert "GPU 0 fabric registration Not Started" in got["nvlink_fabric"]["detail"]
+
+
+def test_registration_still_in_progress_at_the_deadline_fails_saying_so(
+    config: dict[str, Any], tools: Tools
+) -> None:
+    """Stuck In Progress: the run stops at its deadline and names what it waited for."""
+    recorded_first_boot(config, tools, wait_s=1)
+    sequenced_dir = tools.directory / "nvidia-smi.sequence"
+    (sequenced_dir / "3.out").write_text(fixture("smi-fabric-p5-in-progress.csv"))
+    started = time.monotonic()
+    got = by_check(HEALTH.run_checks(config, "boot"))["nvlink_fabric"]
+    assert time.monotonic() - started < 10
+    assert got["status"] == "fail"
+    assert got["detail"].startswith(
+        "GPU 3 fabric registration In Progress (CUDA error 802 until it completes); "
+    )
+    assert re.search(r"waited \d+ s of 1 s for fabric registration of GPU 3$", got["detail"]), got
+
+
+def test_fabric_manager_still_activating_at_the_deadline_fails_saying_so(
+    config: dict[str, Any], tools: Tools
+) -> None:
+    recorded_first_boot(config, tools, wait_s=1)
+    (tools.directory / "systemctl.sequence" / "1.out").write_text("activating\n")
+    (tools.directory / "systemctl.sequence" / "1.rc").write_text("3")
+    got = by_check(HEALTH.run_checks(config, "boot"))["fabric_manager"]
+    assert got["status"] == "fail"
+    assert re.fullmatch(
+        r"nvidia-fabricmanager is activating \(NVSwitch types need it\); "
+        r"waited \d+ s of 1 s for nvidia-fabricmanager to finish activating",
+        got["detail"],
+    ), got
+
+
+def test_a_failed_fabric_manager_is_judged_at_once(config: dict[str, Any], tools: Tools) -> None:
+    """failed is no transient state, and without fabric manager no GPU registers: no wait at all."""
+    recorded_first_boot(config, tools, wait_s=60)
+    (tools.directory / "systemctl.sequence" / "0.out").write_text("failed\n")
+    (tools.directory / "systemctl.sequence" / "1.out").write_text("failed\n")
+    started = time.monotonic()
+    got = by_check(HEALTH.run_checks(config, "boot"))
+    assert time.monotonic() - started < 10
+    assert got["fabric_manager"]["detail"] == "nvidia-fabricmanager is failed (NVSwitch types need it)"
+    assert "GPU 0 fabric registration Not Started" in got["nvlink_fabric"]["detail"]
+
+
+def test_the_boot_unit_is_ordered_after_the_unit_that_queues_fabric_manager() -> None:
+    """Fabric manager's start job is queued (--no-block) by gpuforge-nvswitch-services: After= on
+    nvidia-fabricmanager alone orders against a job that is not yet in the queue when this one runs."""
+    unit = (REPO / "roles/health/templates/etc/systemd/system/gpuforge-health-boot.service.j2").read_text()
+    after = " ".join(line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("After="))
+    starter = (REPO / "roles/nvidia_driver/files/usr/local/sbin/gpuforge-nvswitch-services").read_text()
+    assert "systemctl start --no-block nvidia-fabricmanager.service" in starter
+    assert {"gpuforge-nvswitch-services.service", "nvidia-fabricmanager.service"} <= set(after.split())
+    assert DEFAULTS["health_transient_wait_s"]["boot"] > 0
