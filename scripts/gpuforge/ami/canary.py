@@ -31,8 +31,8 @@ from gpuforge.ami import images
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.instance_types import InstanceType
 from gpuforge.nccl import report as nccl_report
-from gpuforge.nccl.evaluate import THRESHOLD, Verdict, evaluate, settings
-from gpuforge.nccl.parse import parse
+from gpuforge.nccl.evaluate import THRESHOLD, Verdict, settings
+from gpuforge.nccl.judge import judge_log
 
 LOG = logging.getLogger(__name__)
 
@@ -431,8 +431,9 @@ def judge_check(instance: str, result: dict[str, Any]) -> list[str]:
 
 
 def judge_allreduce(request: Request, result: dict[str, Any], out_dir: Path | None) -> list[str]:
-    """Judge the 2-node all_reduce log as `gpuforge nccl-report` does; only PASS passes (SKIP: no
-    baseline to compare with, reported and never passed)."""
+    """Judge the 2-node all_reduce log with the code `gpuforge accept` judges its pairs with
+    (gpuforge.nccl.judge); only PASS passes (SKIP: no baseline to compare with, reported and never
+    passed)."""
     nccl = result.get("nccl") or {}
     log = str(nccl.get("log") or "")
     if not log.strip():
@@ -440,18 +441,11 @@ def judge_allreduce(request: Request, result: dict[str, Any], out_dir: Path | No
             f"nccl-tests all_reduce printed nothing (exit {nccl.get('rc')}): {nccl.get('stderr', '')[-300:]}"
         ]
     config = settings(request.instance_type, request.baseline_file, request.threshold, 2, "all_reduce")
-    evaluations = [evaluate(run, config) for run in parse(log, source="canary-all_reduce")]
-    if out_dir is not None and evaluations:
-        nccl_report.write(evaluations, out_dir)
-    if not evaluations:
-        return ["nccl-tests all_reduce log has no result table"]
-    reasons = []
-    for ev in evaluations:
-        if ev.verdict is not Verdict.PASS:
-            reasons.append(f"all_reduce {ev.verdict.value}: {'; '.join(ev.reasons)}")
-    if nccl.get("rc") not in (0, None):
-        reasons.append(f"mpirun exited {nccl.get('rc')}")
-    return reasons
+    rc = nccl.get("rc")
+    judgement = judge_log(log, config, "canary-all_reduce", rc if isinstance(rc, int) else None, "mpirun")
+    if out_dir is not None and judgement.evaluations:
+        nccl_report.write(judgement.evaluations, out_dir)
+    return [] if judgement.verdict is Verdict.PASS else list(judgement.reasons)
 
 
 def record(

@@ -1,0 +1,290 @@
+"""gpuforge accept's decisions (gpuforge.accept.plan) on simulated clusters of 2 to 1,024 nodes.
+
+The cluster here is a MODEL, not Slurm: each node has a kind, and a test's result follows from the
+kinds of the nodes in it. Kinds of bad node:
+  dead_gpu   fails alone (health check / its own all_reduce), as a lost GPU does
+  dead_efa   fails alone (an EFA device's loopback)
+  slow_nic   passes alone, every multi-node test it is in runs at half the bandwidth
+  pair_only  passes alone, every multi-node test it is in dies before its summary (no route to peers)
+  flapping   passes alone, fails its 1st, 3rd, 5th ... multi-node test and passes the others
+The properties: every bad node is named, no good node is drained, and the pair stage takes two
+rounds (three when a failure does not reproduce) while there are enough references.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from gpuforge.accept import plan
+from gpuforge.accept.plan import NodeStatus, Pair, Result
+
+ALONE_KINDS = ("dead_gpu", "dead_efa")
+MULTI_KINDS = ("slow_nic", "pair_only", "flapping")
+KINDS = ALONE_KINDS + MULTI_KINDS
+BASELINE = 400.0
+
+
+class ModelCluster:
+    """A TEST MODEL of a cluster for plan.run: results from the nodes' kinds, with every call recorded."""
+
+    def __init__(self, count: int, bad: Mapping[str, str]) -> None:
+        self.nodes = [f"gpu-st-p5-{i + 1}" for i in range(count)]
+        self.bad = dict(bad)
+        self.multi_tests: Counter[str] = Counter()
+        self.calls: list[tuple[str, int]] = []
+
+    def nodes_alone(self, nodes: Sequence[str]) -> Mapping[str, Result]:
+        self.calls.append(("alone", len(nodes)))
+        out = {}
+        for node in nodes:
+            kind = self.bad.get(node)
+            if kind == "dead_gpu":
+                out[node] = Result(False, "health: gpu_count: 7 of 8 GPUs")
+            elif kind == "dead_efa":
+                out[node] = Result(False, "efa loopback: rdmap16s27 failed")
+            else:
+                out[node] = Result(True, "ok", 480.0, 480.0)
+        return out
+
+    def _multi(self, nodes: Sequence[str]) -> Result:
+        failing = False
+        factor = 1.0
+        for node in nodes:
+            self.multi_tests[node] += 1
+            kind = self.bad.get(node)
+            if kind == "pair_only":
+                failing = True
+            elif kind == "flapping" and self.multi_tests[node] % 2 == 1:
+                factor = min(factor, 0.3)
+            elif kind == "slow_nic":
+                factor = min(factor, 0.5)
+        if failing:
+            return Result(False, "no '# Avg bus bandwidth' summary: the run did not finish")
+        busbw = BASELINE * factor
+        if busbw < 0.9 * BASELINE:
+            return Result(False, f"busbw {busbw:.2f} GB/s is {factor:.0%} of the baseline", busbw, BASELINE)
+        return Result(True, f"busbw {busbw:.2f} GB/s", busbw, BASELINE)
+
+    def pairs(self, pairs: Sequence[Pair]) -> Mapping[Pair, Result]:
+        self.calls.append(("pairs", len(pairs)))
+        members = [n for p in pairs for n in p]
+        assert len(members) == len(set(members)), "a round's pairs must be disjoint"
+        return {p: self._multi(p) for p in pairs}
+
+    def step(self, nodes: Sequence[str]) -> Result:
+        self.calls.append(("step", len(nodes)))
+        return self._multi(nodes)
+
+
+def scenario(count: int, kinds: Sequence[str], seed: int) -> tuple[ModelCluster, plan.Acceptance]:
+    rng = random.Random(seed)  # noqa: S311 (placing simulated faults, not cryptography)
+    nodes = [f"gpu-st-p5-{i + 1}" for i in range(count)]
+    bad = dict(zip(rng.sample(nodes, len(kinds)), kinds, strict=True))
+    cluster = ModelCluster(count, bad)
+    return cluster, plan.run(cluster.nodes, cluster)
+
+
+def escaped_flapping(cluster: ModelCluster, result: plan.Acceptance, node: str) -> bool:
+    """A flapping node whose only failure was beside a node named for it: the evidence clears it."""
+    failures = [t for t in result.search.tests if node in t.pair and not t.result.passed]
+    return all(any(m != node and m in result.search.bad for m in t.pair) for t in failures)
+
+
+def check(cluster: ModelCluster, result: plan.Acceptance) -> None:
+    verdicts = result.verdicts
+    good = [n for n in cluster.nodes if n not in cluster.bad]
+    drained = {v.node for v in result.to_drain}
+    assert not drained & set(good), f"good nodes drained: {sorted(drained & set(good))}"
+    for node, kind in cluster.bad.items():
+        named = verdicts[node].status in (NodeStatus.FAILED, NodeStatus.UNRESOLVED)
+        if kind == "flapping" and not named:
+            assert escaped_flapping(cluster, result, node)
+            continue
+        if kind in MULTI_KINDS and node in result.search.unpaired:
+            # The only node to pass alone: no multi-node test could run, and the summary says so.
+            assert verdicts[node].figure == result.search.unpaired[node] and not result.accepted
+            continue
+        assert named, f"{kind} node {node} not named: {verdicts[node]}"
+        if kind in ALONE_KINDS:
+            assert verdicts[node].status is NodeStatus.FAILED and verdicts[node].stage == plan.STAGE_NODE
+    multi_bad = [n for n, k in cluster.bad.items() if k in MULTI_KINDS]
+    passed_alone = len(cluster.nodes) - (len(cluster.bad) - len(multi_bad))
+    enough = passed_alone >= 4 * len(multi_bad) + 2
+    if enough:
+        # Enough references: every bad node is drained, no good node is even left unresolved.
+        for node in multi_bad:
+            if cluster.bad[node] != "flapping" or not escaped_flapping(cluster, result, node):
+                assert verdicts[node].status is NodeStatus.FAILED, verdicts[node]
+        assert all(verdicts[n].status is NodeStatus.ACCEPTED for n in good), [
+            verdicts[n] for n in good if verdicts[n].status is not NodeStatus.ACCEPTED
+        ]
+        flapping = any(k == "flapping" for k in cluster.bad.values())
+        assert result.search.rounds <= 2 + flapping, result.search.rounds
+    # The doubling runs over what is left, 2, 4 ... N, and stops only at a step that falls short.
+    left = result.search.passed
+    assert [s.size for s in result.steps] == plan.doubling_sizes(len(left))
+    assert len(result.steps) == (math.ceil(math.log2(len(left))) if len(left) > 1 else 0)
+    if not any(k == "flapping" for k in cluster.bad.values()) and enough:
+        assert not result.failed_steps
+    assert result.accepted == (not cluster.bad and len(cluster.nodes) >= 1)
+
+
+SIZES = [2, 3, 4, 5, 6, 7, 9, 16, 31, 64, 100, 255, 1000, 1024]
+MIXES = [
+    (),
+    ("slow_nic",),
+    ("dead_gpu",),
+    ("pair_only",),
+    ("flapping",),
+    ("dead_efa", "slow_nic"),
+    ("slow_nic", "slow_nic", "pair_only"),
+    ("dead_gpu", "slow_nic", "pair_only", "flapping"),
+    ("dead_gpu", "dead_efa", "slow_nic", "slow_nic", "pair_only", "flapping", "flapping"),
+]
+
+
+@pytest.mark.parametrize("count", SIZES)
+@pytest.mark.parametrize("mix", MIXES, ids=lambda m: "+".join(m) or "healthy")
+def test_bad_nodes_are_named_and_good_ones_kept(count: int, mix: tuple[str, ...]) -> None:
+    if len(mix) > count:
+        pytest.skip("more bad nodes than nodes")
+    # Several placements where that is cheap; one on the large clusters keeps the module quick.
+    for seed in range(3 if count <= 100 else 1):
+        cluster, result = scenario(count, mix, seed)
+        check(cluster, result)
+
+
+def test_every_single_bad_node_on_small_clusters_is_named() -> None:
+    """Every position and kind of one bad node on 2 to 12 nodes, exhaustively."""
+    for count in range(2, 13):
+        for index in range(count):
+            for kind in KINDS:
+                cluster = ModelCluster(count, {f"gpu-st-p5-{index + 1}": kind})
+                check(cluster, plan.run(cluster.nodes, cluster))
+
+
+def test_two_nodes_with_a_pair_only_fault_name_both_and_drain_neither() -> None:
+    """With two nodes there is no reference: both are named unresolved, nothing is drained."""
+    cluster = ModelCluster(2, {"gpu-st-p5-2": "slow_nic"})
+    result = plan.run(cluster.nodes, cluster)
+    assert [v.status for v in result.verdicts.values()] == [NodeStatus.UNRESOLVED] * 2
+    assert result.to_drain == [] and not result.accepted
+    assert "no node passed a pair" in result.verdicts["gpu-st-p5-2"].figure
+
+
+def test_a_slow_nic_is_named_in_two_rounds_at_1024_nodes_quickly() -> None:
+    started = time.monotonic()
+    cluster, result = scenario(1024, ("slow_nic", "pair_only", "slow_nic", "dead_gpu"), seed=7)
+    check(cluster, result)
+    assert result.search.rounds == 2
+    # One node stage, two pair rounds (511 pairs; then 6 suspects and the odd node out), log2 steps.
+    assert [c[0] for c in cluster.calls].count("alone") == 1
+    assert [c for c in cluster.calls if c[0] == "pairs"] == [("pairs", 511), ("pairs", 7)]
+    assert [c[1] for c in cluster.calls if c[0] == "step"] == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1020]
+    assert time.monotonic() - started < 2
+
+
+def test_a_flapping_node_is_confirmed_in_a_third_round() -> None:
+    cluster = ModelCluster(8, {"gpu-st-p5-3": "flapping"})
+    result = plan.run(cluster.nodes, cluster)
+    assert result.search.rounds == 3
+    assert [t.purpose for t in result.search.tests if t.round == 3] == ["confirm", "confirm"]
+    verdict = result.verdicts["gpu-st-p5-3"]
+    assert verdict.status is NodeStatus.FAILED and "not reproduced" in verdict.figure
+    assert result.verdicts["gpu-st-p5-4"].status is NodeStatus.ACCEPTED
+
+
+def test_a_failure_that_never_comes_back_is_unresolved_not_drained() -> None:
+    """Both nodes of a failed pair pass twice with references: named, not drained, not accepted."""
+
+    class Once(ModelCluster):
+        def _multi(self, nodes: Sequence[str]) -> Result:
+            first = not self.calls[:-1] or all(c[0] != "pairs" for c in self.calls[:-1])
+            if first and set(nodes) == {"gpu-st-p5-1", "gpu-st-p5-2"}:
+                return Result(False, "busbw 100.00 GB/s is 25% of the baseline", 100.0, BASELINE)
+            return super()._multi(nodes)
+
+    cluster = Once(6, {})
+    result = plan.run(cluster.nodes, cluster)
+    assert result.search.rounds == 3
+    assert {n for n, v in result.verdicts.items() if v.status is NodeStatus.UNRESOLVED} == {
+        "gpu-st-p5-1",
+        "gpu-st-p5-2",
+    }
+    assert result.to_drain == [] and not result.accepted
+
+
+def test_the_second_round_runs_in_waves_when_references_are_short() -> None:
+    """Three slow NICs in three of five pairs: six suspects, four references, so round 2 takes two waves."""
+    bad = {f"gpu-st-p5-{i}": "slow_nic" for i in (1, 3, 5)}
+    cluster = ModelCluster(10, bad)
+    result = plan.run(cluster.nodes, cluster)
+    assert {v.node for v in result.to_drain} == set(bad)
+    assert all(v.status is NodeStatus.ACCEPTED for n, v in result.verdicts.items() if n not in bad)
+    assert result.search.rounds == 1 + plan.isolation_rounds(6, 4) == 3
+    assert [c for c in cluster.calls if c[0] == "pairs"] == [("pairs", 5), ("pairs", 4), ("pairs", 2)]
+
+
+def test_an_odd_node_out_is_paired_with_a_reference() -> None:
+    cluster = ModelCluster(3, {})
+    result = plan.run(cluster.nodes, cluster)
+    assert [(t.round, t.purpose) for t in result.search.tests] == [(1, "round 1"), (2, "isolate")]
+    assert result.accepted and [s.size for s in result.steps] == [2, 3]
+
+
+def test_one_node_left_alone_is_accepted_with_a_note() -> None:
+    cluster = ModelCluster(2, {"gpu-st-p5-2": "dead_gpu"})
+    result = plan.run(cluster.nodes, cluster)
+    kept = result.verdicts["gpu-st-p5-1"]
+    assert kept.status is NodeStatus.ACCEPTED and "not tested in a pair" in kept.figure
+    assert [v.node for v in result.to_drain] == ["gpu-st-p5-2"] and not result.accepted
+
+
+def test_a_doubling_step_that_falls_short_stops_the_doubling_and_blames_no_node() -> None:
+    class Fabric(ModelCluster):
+        def step(self, nodes: Sequence[str]) -> Result:
+            self.calls.append(("step", len(nodes)))
+            if len(nodes) >= 8:
+                return Result(False, "busbw 200.00 GB/s is 56% of 355.36 GB/s, below 90%", 200.0, 355.36)
+            return Result(True, "ok", 350.0, 355.36)
+
+    cluster = Fabric(20, {})
+    result = plan.run(cluster.nodes, cluster)
+    assert [(s.size, s.result is not None and s.result.passed) for s in result.steps] == [
+        (2, True),
+        (4, True),
+        (8, False),
+        (16, False),
+        (20, False),
+    ]
+    assert [s.size for s in result.failed_steps] == [8]
+    assert [s.result for s in result.steps[3:]] == [None, None]
+    assert result.to_drain == [] and not result.accepted
+
+
+def test_doubling_schedule_and_projection() -> None:
+    assert plan.doubling_sizes(1) == []
+    assert plan.doubling_sizes(2) == [2]
+    assert plan.doubling_sizes(5) == [2, 4, 5]
+    assert plan.doubling_sizes(1000) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
+    projection = plan.Projection(1000, node_stage_s=600, pair_round_s=180, step_s=180)
+    assert projection.steps == 10 and projection.pair_rounds == 2
+    assert projection.total_s == 600 + 2 * 180 + 10 * 180
+    assert "1000 nodes: about 46 min" in projection.describe()
+
+
+def test_drain_reason_names_the_stage_and_the_figure_and_fits() -> None:
+    cluster = ModelCluster(6, {"gpu-st-p5-4": "slow_nic"})
+    result = plan.run(cluster.nodes, cluster)
+    (verdict,) = result.to_drain
+    assert verdict.drain_reason.startswith("gpuforge accept pairs: round 1 with gpu-st-p5-3: busbw 200.00")
+    assert "round 2 (isolate) with" in verdict.drain_reason
+    assert len(verdict.drain_reason) <= plan.REASON_LIMIT
+    alone = plan.NodeVerdict("n", NodeStatus.FAILED, plan.STAGE_NODE, "x" * 500).drain_reason
+    assert len(alone) == plan.REASON_LIMIT and alone.endswith("...")
