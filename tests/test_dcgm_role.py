@@ -129,3 +129,20 @@ def test_a_listen_address_and_another_engine_reach_every_method() -> None:
         command = next(value for value in values(unit, "ExecStart") if value).split()
         assert command[command.index("--address") + 1] == "10.0.0.5:9400"
         assert command[command.index("--remote-hostengine-info") + 1] == "[::1]:5556"
+
+
+def test_dcgm_is_installed_with_its_recommends_as_nvidia_documents() -> None:
+    """NVIDIA installs datacenter-gpu-manager-4-cuda<N> with --install-recommends (DCGM installation
+    guide); the one package it recommends, libnuma1 (NVIDIA/DCGM cmake/packaging.cmake at v4.6.0, lines
+    161-175), is what DCGM's diagnostics load to bind to a NUMA node: `dcgmi diag`'s PCIe test fails
+    without it (nvvs/plugin_src/pcie/PcieMain.cpp line 626). The exporter package keeps to its Depends."""
+    install = _yaml(ROLE / "tasks/install.yml")
+    block = next(task for task in install if "block" in task)["block"]
+    apt = next(task["ansible.builtin.apt"] for task in block if "ansible.builtin.apt" in task)
+    assert apt["install_recommends"] is True
+    package = next(
+        task["ansible.builtin.apt"]
+        for task in _yaml(ROLE / "tasks/exporter_package.yml")
+        if "ansible.builtin.apt" in task
+    )
+    assert package["install_recommends"] is False

@@ -115,6 +115,16 @@ def test_pcluster_twin_matches_the_cli_release_it_is_for() -> None:
     assert pcluster["tags"]["parallelcluster:os"] == "ubuntu2204"
 
 
+def test_pcluster_twin_carries_the_dcgm_packages_the_cookbook_installs() -> None:
+    """The cookbook installs datacenter-gpu-manager-4-core and, beside it, -4-cuda13, both at its
+    dcgm_version (aws-parallelcluster-cookbook resources/nvidia_dcgm/partial/_nvidia_dcgm_debian.rb,
+    lines 19 and 47), so the dcgm role meets both on the ParallelCluster AMI."""
+    dcgm = twinlab.load("pcluster-ubuntu2204").component("dcgm")
+    assert dcgm is not None
+    assert set(dcgm["packages"]) == {"datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda13"}
+    assert set(dcgm["packages"].values()) == {f"1:{dcgm['version']}-1"}
+
+
 def test_digest_changes_with_the_record() -> None:
     twin = twinlab.load("dlami-ubuntu2204")
     edited = twinlab.Twin(twin.name, twin.record, twin.text + b"# edited\n")

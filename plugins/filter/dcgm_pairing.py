@@ -1,5 +1,4 @@
-"""Ansible filters: whether the pinned dcgm-exporter can work with the host's DCGM, and which
-build of the pinned exporter release NVIDIA's apt repository offers.
+"""Ansible filter: whether the pinned dcgm-exporter can work with the host's DCGM.
 
 The dcgm role adopts a base image's DCGM at or above the floor and never downgrades it, so the DCGM
 on a node may differ from the release the exporter was paired with. NVIDIA states which DCGM releases
@@ -104,37 +103,10 @@ def dcgm_exporter_pairing(host_dcgm: Any, pins: Any, method: Any) -> dict[str, A
     return result
 
 
-def dcgm_exporter_package_version(madison: Any, release: Any, installed: Any = "") -> str:
-    """The one datacenter-gpu-manager-exporter version of exporter release `release` (e.g. 4.9.0) to
-    install, from `apt-cache madison` output: the installed one when it is of that release, else the
-    single build the repositories offer ("4.9.0-1", "4.9.0.3955-1", with or without an epoch)."""
-    if not isinstance(madison, str):
-        raise AnsibleFilterError("dcgm_exporter_package_version: the stdout of apt-cache madison, a string")
-    if not _RELEASE.match(str(release)):
-        raise AnsibleFilterError(
-            f"dcgm_exporter_package_version: {release!r} is not an exporter release such as 4.9.0"
-        )
-    # NVIDIA numbers a build after the release in some packages (4.8.4.3955-1); never another release.
-    build = re.compile(r"^([0-9]+:)?" + re.escape(str(release)) + r"([.][0-9]+)?-[0-9A-Za-z.+~]+$")
-    if installed and build.match(str(installed)):
-        return str(installed)
-    offered = [line.split("|")[1].strip() for line in madison.splitlines() if line.count("|") >= 2]
-    matching = sorted({version for version in offered if build.match(version)})
-    if len(matching) != 1:
-        raise AnsibleFilterError(
-            f"datacenter-gpu-manager-exporter: the configured repositories offer "
-            f"{', '.join(matching) if matching else 'no build'} of dcgm-exporter {release} "
-            f"(all offered: {', '.join(offered) or 'nothing'}); set dcgm_exporter_package_version to the "
-            "exact version to install, or pin an exporter release they carry. Nothing was installed."
-        )
-    return matching[0]
-
-
 class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "dcgm_exporter_pairing": dcgm_exporter_pairing,
-            "dcgm_exporter_package_version": dcgm_exporter_package_version,
         }

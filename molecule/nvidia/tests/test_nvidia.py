@@ -223,8 +223,7 @@ def test_dcgm_exporter_package_is_the_pinned_release_held(host):
     its binary the fixture stub."""
     pkg = host.package(EXPORTER_PACKAGE)
     assert pkg.is_installed
-    release = PINS["dcgm_exporter"]["version"].split("-", 1)[1]
-    assert pkg.version.split(":")[-1].startswith(release + "-")
+    assert pkg.version == PINS["dcgm_exporter"]["package_version"]
     assert _held(host, EXPORTER_PACKAGE)
     binary = host.file("/usr/bin/dcgm-exporter")
     fixture = SCENARIO.parent.parent / "tests/fixtures/nvidia/files/dcgm-exporter-fixture"
