@@ -101,6 +101,30 @@ elif name == "scontrol" and args[:3] == ["-o", "show", "node"]:
 elif name == "scontrol" and args[:3] == ["-o", "show", "nodes"]:
     for node in state["nodes"].values():
         print(line(node))
+elif name == "scontrol" and args[:2] == ["show", "config"]:
+    for key, value in state["config"].items():
+        print(f"{{key:<24}}= {{value}}")
+elif name == "scontrol" and args[:2] == ["show", "hostnames"]:
+    for part in args[2].split(","):
+        stem, _, span = part.partition("[")
+        if span:
+            low, high = span.rstrip("]").split("-")
+            print("\\n".join(f"{{stem}}{{n}}" for n in range(int(low), int(high) + 1)))
+        else:
+            print(part)
+elif name == "scontrol" and args[0] == "update" and args[1].startswith("SuspendExcNodes"):
+    # Slurm 23.02+: += / -= edit slurmctld's list, not with the "nodes:count" form (scontrol(1));
+    # Slurm 22.05's scontrol has no such update and fails.
+    listed = state["config"]["SuspendExcNodes"]
+    names = [] if listed == "(null)" else listed.split(",")
+    if not state["runtime_suspend_exc"] or ":" in listed:
+        print(f"Invalid input: {{args[1]}}", file=sys.stderr)
+        code = 1
+    elif args[1].startswith("SuspendExcNodes+="):
+        names.append(args[1].split("=", 1)[1])
+    else:
+        names.remove(args[1].split("=", 1)[1])
+    state["config"]["SuspendExcNodes"] = ",".join(names) or "(null)"
 elif name == "scontrol" and args[0] == "update":
     fields = dict(a.split("=", 1) for a in args[1:])
     node = state["nodes"][fields["NodeName"]]
@@ -122,6 +146,7 @@ elif name == "squeue":
         print("4242")
         state["jobs"][node] = left - 1 if left > 0 else left
 elif name == "entry":
+    state["excluded_during_apply"] = state["config"]["SuspendExcNodes"]
     code = state["entry_rc"]
     print("TASK [configure] ok" if code == 0 else "gpuforge-node: error: nccl_tuning failed: disk full")
 json.dump(state, open(path, "w"))
@@ -150,6 +175,9 @@ class FakeNode:
             "calls": [],
             "reservations": {},
             "entry_rc": 0,
+            # Power saving off (no SuspendProgram), as in slurm.conf without it.
+            "config": {"SuspendProgram": "(null)", "SuspendExcNodes": "(null)", "SuspendTime": "NONE"},
+            "runtime_suspend_exc": True,
         }
 
     def add(self, name: str, *, addr: str, hostname: str | None = None, state: str = "IDLE") -> None:
@@ -604,3 +632,74 @@ def test_follow_polls_until_the_command_ends_and_lists_each_node() -> None:
     assert sleeps == [7, 7]
     assert outcome.status == "Failed" and outcome.counts["ErrorCount"] == 1
     assert [i["InstanceId"] for i in outcome.invocations] == ["i-1", "i-2"]
+
+
+# --- power saving: the node stays up while it is changed ---------------------------------------------------
+# Slurm 25.11 (ParallelCluster 3.16.1 ships 25.11.8), src/slurmctld/power_save.c: an IDLE node whose
+# last_busy is older than SuspendTime is suspended unless it is in SuspendExcNodes or a SuspendExcStates
+# state; a MAINT reservation or a DRAIN alone does not keep it up, and ParallelCluster's slurm.conf sets
+# no SuspendExcStates. The fake scontrol above keeps SuspendExcNodes as slurmctld does for +=/-=.
+
+PC_SUSPEND = "/opt/parallelcluster/scripts/slurm/slurm_suspend"
+
+
+def power_saving(node: FakeNode, excluded: str = "(null)", runtime: bool = True) -> None:
+    node.state["config"] = {
+        "SuspendProgram": PC_SUSPEND,
+        "SuspendExcNodes": excluded,
+        "SuspendTime": "600 sec",
+    }
+    node.state["runtime_suspend_exc"] = runtime
+
+
+def test_with_power_saving_the_node_is_excluded_while_it_is_changed(tmp_path: Path) -> None:
+    node = FakeNode(tmp_path, short="ip-10-0-0-5", ip="10.0.0.5")
+    node.add("gpu-dy-p5-1", addr="10.0.0.5", hostname="ip-10-0-0-5")
+    power_saving(node)
+    run = node.run(HoldWith="reservation", ExecutionTimeout="5400")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert node.slurm_calls() == [
+        "scontrol update SuspendExcNodes+=gpu-dy-p5-1",
+        "scontrol create reservation ReservationName=gpuforge-apply-gpu-dy-p5-1 Nodes=gpu-dy-p5-1 "
+        "StartTime=now Duration=95 Users=root Flags=MAINT,IGNORE_JOBS",
+        "squeue",
+        "entry apply",
+        "scontrol update SuspendExcNodes-=gpu-dy-p5-1",
+        "scontrol delete ReservationName=gpuforge-apply-gpu-dy-p5-1",
+    ]
+    assert node.state["excluded_during_apply"] == "gpu-dy-p5-1"
+    assert node.state["config"]["SuspendExcNodes"] == "(null)"
+    # A failed apply ends the exclusion too: the drained node is replaced, not kept up forever.
+    node.state["entry_rc"] = 1
+    assert node.run(HoldWith="reservation").returncode == 1
+    assert node.state["excluded_during_apply"] == "gpu-dy-p5-1"
+    assert node.state["config"]["SuspendExcNodes"] == "(null)"
+
+
+def test_a_node_the_configuration_excludes_stays_excluded(tmp_path: Path) -> None:
+    node = FakeNode(tmp_path)
+    node.add("gpu-st-p5-2", addr="10.0.0.5")
+    node.state["short"] = "gpu-st-p5-2"
+    power_saving(node, excluded="gpu-st-p5-[1-4]")
+    run = node.run(HoldWith="reservation")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not any("SuspendExcNodes" in c for c in node.slurm_calls())
+    assert node.state["config"]["SuspendExcNodes"] == "gpu-st-p5-[1-4]"
+
+
+@pytest.mark.parametrize(
+    ("excluded", "runtime"),
+    [("(null)", False), ("gpu-dy-p5-[1-9]:2", True)],
+    ids=["slurm-22.05", "nodes-count-form"],
+)
+def test_without_a_way_to_exclude_the_node_nothing_is_changed(
+    tmp_path: Path, excluded: str, runtime: bool
+) -> None:
+    node = FakeNode(tmp_path)
+    node.add("node1", addr="10.0.0.5")
+    power_saving(node, excluded=excluded, runtime=runtime)
+    run = node.run(HoldWith="reservation")
+    assert run.returncode == 1
+    assert "cannot keep node1 from power saving during the change" in run.stdout
+    assert not any(c.startswith(("scontrol create", "entry")) for c in node.state["calls"])
+    assert node.state["reservations"] == {} and node.state["config"]["SuspendExcNodes"] == excluded
