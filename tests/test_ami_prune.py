@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,13 +28,9 @@ def _bake_like(flavor: str, name: str) -> str:
 
 @pytest.fixture
 def five(aws: MotoServer) -> list[str]:
-    """Five dlami images, oldest first (EC2 creation dates have one-second resolution)."""
-    amis = []
-    for n in range(5):
-        if n:
-            time.sleep(1.05)
-        amis.append(_bake_like("dlami", f"gpuforge-dlami-{n}"))
-    return amis
+    """Five dlami images, oldest first: EC2 dates images to the second, and the lab's moto_server
+    (gpuforge_lab.moto_clock) dates each new image a second after the one before."""
+    return [_bake_like("dlami", f"gpuforge-dlami-{n}") for n in range(5)]
 
 
 def _existing() -> set[str]:

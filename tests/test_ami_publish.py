@@ -217,12 +217,10 @@ def test_resolve_dlami_base_from_ssm_parameter(aws: MotoServer) -> None:
 
 
 def test_resolve_pcluster_base_picks_newest_of_release(aws: MotoServer) -> None:
-    import time
-
     old = _image("aws-parallelcluster-3.16.1-ubuntu-2204-lts-hvm-x86_64-202610010000")
     _image("aws-parallelcluster-3.16.1-ubuntu-2004-lts-hvm-x86_64-202611010000")
     _image("aws-parallelcluster-3.15.0-ubuntu-2204-lts-hvm-x86_64-202611010000")
-    time.sleep(1.05)
+    # Registered a second later than the others by the lab's moto_server (gpuforge_lab.moto_clock).
     new = _image("aws-parallelcluster-3.16.1-ubuntu-2204-lts-hvm-x86_64-202611150000")
     base = images.resolve_base("pcluster", pcluster_version="3.16.1", owner="self")
     assert base.id == new and base.id != old

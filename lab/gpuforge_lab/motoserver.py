@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from moto import server
 
-from gpuforge_lab import moto_ext
+from gpuforge_lab import moto_clock, moto_ext
 
 if __name__ == "__main__":
     moto_ext.install()
+    moto_clock.install()
     server.main()
