@@ -31,9 +31,6 @@ locals {
   source_ami_filters     = var.source_ami == "" ? [local.source_ami_name_filter] : []
 
   ansible_extra_vars = var.ansible_extra_vars_file == "" ? [] : ["-e", "@${var.ansible_extra_vars_file}"]
-
-  # A customer key and region copies: each copy needs a key of its own region (amazon-ebs.pkr.hcl.modern).
-  copy_with_customer_keys = var.kms_key_id != "" && length(var.ami_regions) > 0
 }
 
 source "amazon-ebs" "gpu" {
@@ -54,9 +51,10 @@ source "amazon-ebs" "gpu" {
   ami_description         = "gpuforge ${var.flavor} GPU image built from ${var.git_revision}"
   ami_virtualization_type = "hvm"
   ena_support             = true
-  # Copies in other regions: Packer copies the image after registering it, and tags (tags,
-  # snapshot_tags) and attributes with it, so each copy carries the same gpuforge tags and build id.
-  ami_regions = var.ami_regions
+  # No ami_regions (nor encrypt_boot, which copies too): Packer's copies arrive with untagged snapshots
+  # that it then tags in a call the pipeline policy denies (packer-plugin-amazon v1.8.2
+  # builder/common/step_ami_region_copy.go:215-222, step_create_tags.go:116-120). `gpuforge bake
+  # --copy-region` copies the finished image itself, tagging the copy and its snapshots at creation.
 
   # gpuforge:modern-packer-settings
   # Packer >= 1.7 only: `gpuforge bake` (Packer.stage) replaces the line above with

@@ -28,19 +28,6 @@ variable "region" {
   }
 }
 
-variable "ami_regions" {
-  type        = list(string)
-  default     = []
-  description = "Other regions to copy the image to (tagged like the original; gpuforge prune retires them with it)."
-  validation {
-    # No alltrue() in Packer 1.6: count the names that do not look like regions.
-    condition = length([
-      for r in var.ami_regions : r if length(r) < 9 || length(split("-", r)) < 3
-    ]) == 0 && length(distinct(var.ami_regions)) == length(var.ami_regions)
-    error_message = "The ami_regions must be distinct AWS region names such as eu-west-1."
-  }
-}
-
 variable "source_ami" {
   type        = string
   default     = ""
@@ -152,12 +139,6 @@ variable "kms_key_id" {
   type        = string
   default     = ""
   description = "KMS key for the encrypted root volume and AMI snapshots; empty uses the AWS-managed EBS key."
-}
-
-variable "region_kms_key_ids" {
-  type        = map(string)
-  default     = {}
-  description = "With kms_key_id and ami_regions: the customer key for each copy region (a key belongs to one region). Modern Packer only; every copy region must have one."
 }
 
 variable "image_name_prefix" {

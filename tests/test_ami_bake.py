@@ -97,13 +97,9 @@ tags.update({
 })
 ec2.create_tags(Resources=[ami], Tags=[{"Key": k, "Value": val} for k, val in tags.items()])
 ec2.terminate_instances(InstanceIds=[instance_id])
-# ami_regions: Packer copies the image, then tags every copy as the original (StepCreateTags).
+# No region copies: the template gives Packer no ami_regions (gpuforge copies the finished image).
+assert "ami_regions" not in v, "gpuforge passed ami_regions to Packer"
 artifact_ids = [f"{v['region']}:{ami}"]
-for copy_region in v.get("ami_regions", []):
-    there = boto3.client("ec2", region_name=copy_region)
-    copy = there.copy_image(SourceImageId=ami, SourceRegion=v["region"], Name=name)["ImageId"]
-    there.create_tags(Resources=[copy], Tags=[{"Key": k, "Value": val} for k, val in tags.items()])
-    artifact_ids.append(f"{copy_region}:{copy}")
 if mode == "fail-after-register":
     print(f"{now},,ui,error,Post-processor failed: manifest: permission denied", flush=True)
     sys.exit(1)
@@ -782,13 +778,59 @@ def test_bake_copies_to_other_regions_tagged_like_the_original(
     assert cli.main([*argv, "--copy-region", "eu-west-1", "--copy-region", "us-west-2"]) == 0
     ami = capsys.readouterr().out.strip().splitlines()[-1]
     (variables,) = (tmp_path / "w").glob("*/variables.json")
-    assert json.loads(variables.read_text())["ami_regions"] == ["eu-west-1", "us-west-2"]
+    # Packer copies nothing (its copies' snapshots arrive untagged: issue 34); gpuforge copies the image.
+    assert "ami_regions" not in json.loads(variables.read_text())
     original = images.describe(ami)
     assert original.tags[images.COPY_REGIONS_TAG] == "eu-west-1,us-west-2"
     for region in ("eu-west-1", "us-west-2"):
         (copy,) = images.gpuforge_images("dlami", region)
         assert copy.tags == original.tags
+        # The copy's snapshots carry the build id from CopyImage on (TagSpecifications).
+        snapshots = boto3.client("ec2", region_name=region).describe_snapshots(
+            SnapshotIds=list(copy.snapshot_ids)
+        )
+        for snapshot in snapshots["Snapshots"]:
+            tags = {t["Key"]: t["Value"] for t in snapshot.get("Tags", [])}
+            assert tags[images.BUILD_ID_TAG] == original.tags[images.BUILD_ID_TAG]
     assert cli.main([*argv, "--copy-region", "us-east-1"]) == 2
+
+
+def test_a_failed_copy_leaves_no_image_or_snapshot_in_any_region(
+    dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy EC2 never makes available: the bake fails and _discard retires the original, the copy and
+    every snapshot carrying the build id (one left without its image too), in both regions."""
+    real_wait = images.wait_available
+
+    def wait(ami_id: str, region: str | None = None, timeout_s: int = 3600) -> None:
+        if region == "eu-west-1":
+            copy = images.describe(ami_id, region)
+            # What EC2 can leave of a failed copy: a snapshot of it whose image is gone.
+            ec2 = boto3.client("ec2", region_name=region)
+            volume = ec2.create_volume(AvailabilityZone="eu-west-1a", Size=1)["VolumeId"]
+            orphan = ec2.create_snapshot(VolumeId=volume)["SnapshotId"]
+            ec2.create_tags(
+                Resources=[orphan],
+                Tags=[{"Key": images.BUILD_ID_TAG, "Value": copy.tags[images.BUILD_ID_TAG]}],
+            )
+            raise ExternalError(f"image {ami_id} did not become available: failed")
+        real_wait(ami_id, region, timeout_s)
+
+    monkeypatch.setattr(images, "wait_available", wait)
+    with pytest.raises(ExternalError, match="did not become available"):
+        bake.bake_aws(_options(tmp_path, ami_regions=("eu-west-1",)))
+    for region in ("us-east-1", "eu-west-1"):
+        ec2 = boto3.client("ec2", region_name=region)
+        assert (
+            ec2.describe_images(
+                Owners=["self"], Filters=[{"Name": "tag-key", "Values": [images.BUILD_ID_TAG]}]
+            )["Images"]
+            == []
+        )
+        left = ec2.describe_snapshots(
+            OwnerIds=["self"], Filters=[{"Name": "tag-key", "Values": [images.BUILD_ID_TAG]}]
+        )
+        assert left["Snapshots"] == [], region
 
 
 def test_rebuild_if_stale_retries_a_candidate_whose_canary_failed(
@@ -872,7 +914,7 @@ def test_bake_defaults_the_builder_profile_and_the_base_volume_size(baked: Baked
     root snapshot size, so the image demands no bigger root volume than the base does."""
     assert baked.variables["iam_instance_profile"] == "gpuforge-builder-us-east-1"
     assert baked.variables["root_volume_size_gib"] == 0
-    assert "region_kms_key_ids" not in baked.variables
+    assert "region_kms_key_ids" not in baked.variables and "ami_regions" not in baked.variables
 
 
 def test_bake_refuses_a_volume_smaller_than_the_base_snapshot_before_launching(
@@ -894,6 +936,14 @@ def test_bake_cli_takes_a_key_per_copy_region_and_the_profile(
     dlami_base: str, fake_packer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_PACKER_VERSION", "1.11.2")
+    copied: list[tuple[str, str]] = []
+    real_copy = images.copy_image
+
+    def copy_image(image: images.Image, source: str, target: str, kms_key_id: str = "") -> str:
+        copied.append((target, kms_key_id))
+        return real_copy(image, source, target, kms_key_id)
+
+    monkeypatch.setattr(images, "copy_image", copy_image)
     argv = ["bake", "--base-parameter", BASE_PARAMETER, "--work-dir", str(tmp_path / "w"), "--no-publish"]
     key = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     copies = ["--kms-key-id", "alias/gpuforge", "--copy-region", "eu-west-1"]
@@ -910,8 +960,9 @@ def test_bake_cli_takes_a_key_per_copy_region_and_the_profile(
     (build,) = _builds(fake_packer)
     var_file = Path(next(a.split("=", 1)[1] for a in build if a.startswith("-var-file=")))
     written = json.loads(var_file.read_text())
-    assert written["region_kms_key_ids"] == {"eu-west-1": key}
+    assert "region_kms_key_ids" not in written
     assert written["iam_instance_profile"] == "p"
+    assert copied == [("eu-west-1", key)]
 
 
 def test_bake_checks_cluster_configs_against_the_base_snapshot_size_by_default(

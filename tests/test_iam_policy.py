@@ -108,12 +108,12 @@ def test_a_new_call_without_its_permission_is_caught(tmp_path: Path) -> None:
         "from gpuforge import aws\n"
         "def copy(ami):\n"
         "    ec2 = aws.client('ec2')\n"
-        "    ec2.copy_image(SourceImageId=ami, SourceRegion='us-east-1', Name='x')\n"
-        "    ec2.get_waiter('snapshot_completed')\n"
+        "    ec2.copy_snapshot(SourceSnapshotId=ami, SourceRegion='us-east-1')\n"
+        "    ec2.get_waiter('volume_available')\n"
     )
     found = iamaudit.static_actions([module])
-    assert set(found) == {"ec2:CopyImage", "ec2:DescribeSnapshots"}
-    assert "ec2:CopyImage" not in iamaudit.granted(iamaudit.load_policy(), "Gpuforge")
+    assert set(found) == {"ec2:CopySnapshot", "ec2:DescribeVolumes"}
+    assert "ec2:CopySnapshot" not in iamaudit.granted(iamaudit.load_policy(), "Gpuforge")
 
     log = tmp_path / "calls.jsonl"
     log.write_text(
@@ -235,7 +235,10 @@ def _made(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [c for c in calls if c.get("status", 200) == 200]
 
 
-@pytest.mark.parametrize("scenario", sorted(PLUGIN_SEQUENCE["scenarios"]))
+STAGED_SCENARIOS = sorted(k for k, v in PLUGIN_SEQUENCE["scenarios"].items() if v.get("staged", True))
+
+
+@pytest.mark.parametrize("scenario", STAGED_SCENARIOS)
 def test_policy_allows_every_call_of_the_amazon_plugins_bake(scenario: str) -> None:
     """packer-plugin-amazon v1.8.2 (production: Packer 1.11.2, plugin ~> 1.8.2), its calls in its order.
 
@@ -248,24 +251,105 @@ def test_policy_allows_every_call_of_the_amazon_plugins_bake(scenario: str) -> N
         assert {"DeregisterImage", "DeleteSnapshot", "TerminateInstances"} <= {c["action"] for c in calls}
 
 
-def test_a_region_copy_needs_no_request_tags_from_copy_image_tags() -> None:
-    """The plugin copies with CopyImageTags and no TagSpecifications; AWS documents no request tags for
-    that, so the copy and the tags it carries over must be allowed without them (issue 28 review)."""
-    copy = {
+def test_the_plugins_own_region_copy_is_denied_where_it_tags_the_untagged_snapshot() -> None:
+    """Why Packer gets no ami_regions: packer-plugin-amazon v1.8.2 copies with CopyImageTags and no
+    TagSpecifications, so the copy's snapshot arrives untagged, and StepCreateTags tags it with the copy in
+    one CreateTags (step_create_tags.go:117). A policy that let that through would let the role tag, and so
+    delete, any untagged snapshot of the account (gpuforge issue 34, R1)."""
+    scenario = PLUGIN_SEQUENCE["scenarios"]["plugin-region-copy"]
+    assert scenario["staged"] is False
+    policy = iamaudit.load_policy()
+    refused = [c for c in scenario["calls"] if c.get("status", 200) != 200]
+    assert [(c["action"], c["region"], c["source"]) for c in refused] == [
+        ("CreateTags", "us-west-2", "common/step_create_tags.go:117")
+    ]
+    assert iamaudit.denied(policy, refused) != []
+    copy = next(c for c in scenario["calls"] if c["action"] == "CopyImage")
+    assert "request_tags" not in copy and copy["params"]["CopyImageTags"] == "true"
+    # Its cleanup deregisters only the build region's image: the copy and its snapshot are left to gpuforge,
+    # which may not delete a snapshot without the build id.
+    cleanup = [c for c in scenario["calls"] if "Cleanup" in c["step"] and c["action"] == "DeregisterImage"]
+    assert {c["region"] for c in cleanup} == {"us-east-1"}
+    untagged = {
+        "action": "DeleteSnapshot",
+        "region": "us-west-2",
+        "resources": {"snap-0b1de5c0ffee00005": {}},
+    }
+    assert iamaudit.denied(policy, [untagged]) != []
+
+
+def test_the_staged_template_gives_packer_no_region_copy() -> None:
+    """Neither ami_regions nor encrypt_boot (which copies too): gpuforge copies the image itself."""
+    for name in ("gpuforge.pkr.hcl", "amazon-ebs.pkr.hcl.modern"):
+        text = (iamaudit.REPO / "packer" / name).read_text()
+        assert not re.search(r"^\s*(ami_regions|encrypt_boot|region_kms_key_ids)\s*=", text, re.M), name
+
+
+# gpuforge's copy (gpuforge.ami.images.copy_image and bake_aws): CopyImage with the image's tags as
+# TagSpecifications on the new image and its snapshots, then the checks on the copy.
+COPY_TAGS = {
+    "Name": "gpuforge-dlami-source",
+    "gpuforge:build-id": "20261206-source",
+    "gpuforge:flavor": "dlami",
+    "gpuforge:installed:nccl": "2.27.7",
+}
+GPUFORGE_COPY = [
+    {
         "action": "CopyImage",
         "region": "us-west-2",
-        "created": "ami-0b1de5c0ffee00004",
-        "params": {"CopyImageTags": "true", "SourceRegion": "us-east-1"},
-        "resources": {"ami-0b1de5c0ffee00002": BUILD},
+        "created": "ami-0b1de5c0ffee00008",
+        "params": {"SourceRegion": "us-east-1", "Encrypted": "true"},
+        "request_tags": {"image": COPY_TAGS, "snapshot": COPY_TAGS},
+        "resources": {"ami-0b1de5c0ffee00002": COPY_TAGS},
+    },
+    {"action": "DescribeImages", "region": "us-west-2", "resources": {"ami-0b1de5c0ffee00008": COPY_TAGS}},
+    {
+        "action": "ModifyImageAttribute",
+        "region": "us-west-2",
+        "params": {"ImdsSupport.Value": "v2.0"},
+        "resources": {"ami-0b1de5c0ffee00008": COPY_TAGS},
+    },
+]
+# bake._discard -> images.discard_build in the copy region after a failure: the copy and its snapshot, then
+# any snapshot still carrying the build id.
+GPUFORGE_DISCARD_COPY = [
+    {"action": "DescribeImages", "region": "us-west-2"},
+    {"action": "DeregisterImage", "region": "us-west-2", "resources": {"ami-0b1de5c0ffee00008": COPY_TAGS}},
+    {"action": "DeleteSnapshot", "region": "us-west-2", "resources": {"snap-0b1de5c0ffee00009": COPY_TAGS}},
+    {"action": "DescribeSnapshots", "region": "us-west-2"},
+    {"action": "DeleteSnapshot", "region": "us-west-2", "resources": {"snap-0b1de5c0ffee0000a": COPY_TAGS}},
+]
+
+
+def test_policy_allows_a_multi_region_bake_in_order() -> None:
+    """A --copy-region bake: the plugin's calls in its order (the staged template), then gpuforge's copy;
+    and a failed one's cleanup there. Before issue 34 the bake gave Packer ami_regions instead, whose calls
+    (plugin-region-copy) the policy denies at the copy's snapshot."""
+    policy = iamaudit.load_policy()
+    plugin = _made(PLUGIN_SEQUENCE["scenarios"]["success"]["calls"])
+    assert iamaudit.denied(policy, [*plugin, *GPUFORGE_COPY]) == []
+    assert iamaudit.denied(policy, [*plugin, *GPUFORGE_COPY, *GPUFORGE_DISCARD_COPY]) == []
+    tagging = [r for r in iamaudit.requests_for(GPUFORGE_COPY[0]) if r.action == "ec2:CreateTags"]
+    assert {r.resource.split(":")[-1].split("/")[0] for r in tagging} == {"image", "snapshot"}
+    assert all(r.context["ec2:CreateAction"] == ["CopyImage"] for r in tagging)
+
+
+def test_copy_tagging_is_for_copies_that_carry_the_build_id() -> None:
+    """CreateTags at CopyImage is allowed only with gpuforge:build-id among the request's tags: a copy with
+    CopyImageTags alone (no request tags: Packer's) is not, nor is tagging a snapshot that exists."""
+    policy = iamaudit.load_policy()
+    unscoped = {**GPUFORGE_COPY[0], "request_tags": {"image": {"Name": "x"}, "snapshot": {"Name": "x"}}}
+    assert iamaudit.denied(policy, [unscoped]) != []
+    packers = {**GPUFORGE_COPY[0], "params": {"CopyImageTags": "true", "SourceRegion": "us-east-1"}}
+    packers.pop("request_tags")
+    assert iamaudit.denied(policy, [packers]) != []
+    retag = {
+        "action": "CreateTags",
+        "region": "us-west-2",
+        "request_tags": {"": COPY_TAGS},
+        "resources": {"snap-0fee1d00000000001": {}},
     }
-    requests = iamaudit.requests_for(copy)
-    assert all(not any(k.startswith("aws:RequestTag/") for k in r.context) for r in requests)
-    tagging = [r for r in requests if r.action == "ec2:CreateTags"]
-    assert {r.context["ec2:CreateAction"][0] for r in tagging} == {"CopyImage"} and len(tagging) == 2
-    assert iamaudit.denied(iamaudit.load_policy(), [copy]) == []
-    # The CopyImage tagging grant is for copies only: not tags on an image that exists.
-    retag = {**copy, "action": "CreateTags", "resources": {"ami-0fee1d00000000001": {}}, "params": {}}
-    assert iamaudit.denied(iamaudit.load_policy(), [retag]) != []
+    assert iamaudit.denied(policy, [retag]) != []
 
 
 def test_packer_installs_the_plugin_release_the_policy_was_checked_against() -> None:
@@ -292,28 +376,23 @@ def _recorded(scenario: str) -> dict[str, Any]:
 
 
 def test_packer_1_6_order_matches_the_plugins_step_order() -> None:
-    """Debian's Packer 1.6.6 makes the plugin's calls in the plugin's order (same steps, same sequence)."""
-    recorded = [c["action"] for c in _recorded("success")["calls"] if not c["action"].startswith("Describe")]
-    plugin = [
-        c["action"]
-        for c in PLUGIN_SEQUENCE["scenarios"]["success"]["calls"]
-        if not c["action"].startswith("Describe") and c["service"] == "ec2"
-    ]
-    # The plugin sets imds_support (amazon-ebs.pkr.hcl.modern): one more ModifyImageAttribute per region.
-    plugin_without_imds = [
-        a
-        for a, c in zip(
-            plugin,
-            [
-                c
-                for c in PLUGIN_SEQUENCE["scenarios"]["success"]["calls"]
-                if not c["action"].startswith("Describe") and c["service"] == "ec2"
-            ],
-            strict=True,
-        )
-        if "ImdsSupport.Value" not in c.get("params", {})
-    ]
-    assert recorded == plugin_without_imds
+    """Debian's Packer 1.6.6 makes the plugin's calls in the plugin's order in the build region (same steps,
+    same sequence); its recording copies to a region too, which gpuforge no longer asks Packer to do."""
+
+    def build_region(calls: list[dict[str, Any]]) -> list[str]:
+        return [
+            c["action"]
+            for c in calls
+            if c["region"] == "us-east-1"
+            and c.get("service", "ec2") == "ec2"
+            and not c["action"].startswith("Describe")
+            and c["action"] != "CopyImage"
+            # The plugin sets imds_support (amazon-ebs.pkr.hcl.modern): one more ModifyImageAttribute.
+            and "ImdsSupport.Value" not in c.get("params", {})
+        ]
+
+    recorded = build_region(_recorded("success")["calls"])
+    assert recorded == build_region(PLUGIN_SEQUENCE["scenarios"]["success"]["calls"])
 
 
 # Where Packer 1.6.6 differs: it tags nothing it creates except the instance and its volumes (no run_tags on

@@ -341,17 +341,6 @@ def test_modern_staging_is_packer_fmt_clean(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@needs_packer
-@pytest.mark.skipif(
-    not (REPO / "playbooks" / "bake.yml").is_file(), reason="playbooks/bake.yml is not in the checkout yet"
-)
-def test_packer_validate_accepts_copy_regions_and_rejects_repeats(staged: Path, tmp_path: Path) -> None:
-    ok = _validate(staged, tmp_path, ami_regions=["eu-west-1", "us-west-2"])
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    bad = _validate(staged, tmp_path, ami_regions=["eu-west-1", "eu-west-1"])
-    assert bad.returncode != 0 and "ami_regions must be distinct" in bad.stdout + bad.stderr
-
-
 def test_bakes_never_share_cached_facts(tmp_path: Path) -> None:
     """Every Packer build's host is called "default": with ansible.cfg's jsonfile fact cache a bake
     would take another build's facts (another OS release) gathered within the hour. The ansible
@@ -411,12 +400,11 @@ def test_amazon_ebs_source_never_opens_ssh_to_the_internet() -> None:
     assert re.search(r"volume_size\s+= var.root_volume_size_gib == 0 \? null", source)
 
 
-def test_modern_staging_copies_customer_key_images_with_a_key_per_region(tmp_path: Path) -> None:
-    modern = stage_templates(PACKER_DIR, tmp_path / "modern", modern=True)
-    source = _amazon_ebs_source((modern / "gpuforge.pkr.hcl").read_text())
-    assert re.search(r"^  encrypt_boot\s+= local.copy_with_customer_keys \? true : null$", source, re.M)
-    assert "r => var.region_kms_key_ids[r]" in source
-    legacy = stage_templates(PACKER_DIR, tmp_path / "legacy", modern=False)
-    assert "encrypt_boot" not in _amazon_ebs_source((legacy / "gpuforge.pkr.hcl").read_text()).replace(
-        "No encrypt_boot", ""
-    )
+def test_neither_staging_gives_packer_a_region_copy(tmp_path: Path) -> None:
+    """gpuforge copies the finished image itself (gpuforge.ami.images.copy_image): Packer's copies, and the
+    intermediary encrypt_boot makes, leave snapshots the pipeline policy cannot tag or delete (issue 34)."""
+    for modern in (True, False):
+        staged = stage_templates(PACKER_DIR, tmp_path / str(modern), modern=modern)
+        source = _amazon_ebs_source((staged / "gpuforge.pkr.hcl").read_text())
+        assert not re.search(r"^\s*(ami_regions|encrypt_boot|region_kms_key_ids)\s*=", source, re.M)
+    assert "ami_regions" not in (PACKER_DIR / "variables.pkr.hcl").read_text()

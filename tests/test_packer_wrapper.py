@@ -1,4 +1,4 @@
-"""The Packer wrapper's version gate and its check of customer-key region copies (issue 28)."""
+"""The Packer wrapper's version gate (issue 28) and the bake's check of customer-key region copies."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuforge.ami.bake import BakeOptions
 from gpuforge.ami.packer import (
     MODERN_MIN,
     MODERN_PLUGINS_FILE,
     Packer,
-    check_copy_encryption,
     emulated_ec2,
     require_for_aws,
 )
@@ -51,40 +51,27 @@ def test_packer_between_legacy_and_modern_is_refused(tmp_path: Path, version: st
 
 
 def test_customer_key_copies_need_a_key_per_region() -> None:
-    variables = {
-        "kms_key_id": "arn:aws:kms:us-east-1:111122223333:key/abc",
-        "ami_regions": ["eu-west-1", "us-west-2"],
-    }
+    """gpuforge copies the image itself (issue 34), with the key given for each region, on any Packer."""
+    kms = "arn:aws:kms:us-east-1:111122223333:key/abc"
     with pytest.raises(UserError, match=r"no key is given for the copy region\(s\) eu-west-1, us-west-2"):
-        check_copy_encryption(variables, modern=True, environ={})
-    partial = '{"eu-west-1": "arn:aws:kms:eu-west-1:111122223333:key/def"}'
+        BakeOptions(region="us-east-1", kms_key_id=kms, ami_regions=("eu-west-1", "us-west-2"))
+    partial = {"eu-west-1": "arn:aws:kms:eu-west-1:111122223333:key/def"}
     with pytest.raises(UserError, match=r"copy region\(s\) us-west-2,"):
-        check_copy_encryption(variables, modern=True, environ={"PKR_VAR_region_kms_key_ids": partial})
+        BakeOptions(
+            region="us-east-1",
+            kms_key_id=kms,
+            ami_regions=("eu-west-1", "us-west-2"),
+            copy_region_kms_keys=partial,
+        )
     keys = {"eu-west-1": "arn:aws:kms:eu-west-1:1:key/d", "us-west-2": "arn:aws:kms:us-west-2:1:key/e"}
-    check_copy_encryption({**variables, "region_kms_key_ids": keys}, modern=True, environ={})
+    BakeOptions(
+        region="us-east-1", kms_key_id=kms, ami_regions=("eu-west-1", "us-west-2"), copy_region_kms_keys=keys
+    )
 
 
-def test_customer_key_copies_are_refused_on_packer_1_6() -> None:
-    variables = {"kms_key_id": "alias/gpuforge", "ami_regions": ["eu-west-1"]}
-    with pytest.raises(UserError, match=r"needs Packer >= 1\.10\.0"):
-        check_copy_encryption(variables, modern=False, environ={})
-
-
-@pytest.mark.parametrize(
-    "variables",
-    [{"kms_key_id": "", "ami_regions": ["eu-west-1"]}, {"kms_key_id": "alias/gpuforge", "ami_regions": []}],
-)
-def test_default_key_or_no_copies_need_nothing(variables: dict[str, object]) -> None:
-    check_copy_encryption(variables, modern=False, environ={})
-
-
-def test_build_checks_the_variables_before_running_packer(tmp_path: Path) -> None:
-    packer = _fake_packer(tmp_path, "1.11.2")
-    var_file = tmp_path / "vars.json"
-    var_file.write_text('{"kms_key_id": "alias/k", "ami_regions": ["eu-west-1"]}')
-    with pytest.raises(UserError, match="eu-west-1"):
-        packer.build(tmp_path, var_file, tmp_path / "packer.log")
-    assert not (tmp_path / "packer.log").exists()
+@pytest.mark.parametrize(("kms", "regions"), [("", ("eu-west-1",)), ("alias/gpuforge", ())])
+def test_default_key_or_no_copies_need_nothing(kms: str, regions: tuple[str, ...]) -> None:
+    BakeOptions(region="us-east-1", kms_key_id=kms, ami_regions=regions)
 
 
 AWS = "https://ec2.us-east-1.amazonaws.com"

@@ -1,4 +1,5 @@
-"""Placement groups for moto: a test-double extension, since moto 5 does not implement them.
+"""Placement groups (and CopyImage's TagSpecifications) for moto: test-double extensions, since moto 5
+does not implement them.
 
 gpuforge's lab and tests need cluster placement groups (EFA fleets live in one), and moto
 answers CreatePlacementGroup with NotImplementedError. This module adds Create/Describe/
@@ -102,6 +103,21 @@ def run_instances(self: EC2Response) -> ActionResult:
     return result
 
 
+_original_copy_image = EC2Response.copy_image
+
+
+def copy_image(self: EC2Response) -> ActionResult:
+    """CopyImage with TagSpecifications: EC2 tags the new image and its new snapshots (Amazon EC2 API
+    Reference, CopyImage); moto drops them."""
+    result = _original_copy_image(self)
+    tags = self._parse_tag_specification()
+    created: dict[str, str] = result.result  # type: ignore[assignment]
+    image = self.ec2_backend.amis[created["ImageId"]]
+    image.add_tags(tags.get("image", {}))
+    image.ebs_snapshot.add_tags(tags.get("snapshot", {}))
+    return result
+
+
 _original_prep_nics = Instance.prep_nics
 _original_attachment_init = Attachment.__init__
 
@@ -147,5 +163,6 @@ def install() -> None:
     EC2Response.describe_placement_groups = describe_placement_groups  # type: ignore[attr-defined]
     EC2Response.delete_placement_group = delete_placement_group  # type: ignore[attr-defined]
     EC2Response.run_instances = run_instances  # type: ignore[method-assign,assignment]
+    EC2Response.copy_image = copy_image  # type: ignore[method-assign,assignment]
     Instance.prep_nics = prep_nics  # type: ignore[method-assign]
     Attachment.__init__ = attachment_init  # type: ignore[method-assign]

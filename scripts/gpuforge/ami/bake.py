@@ -110,15 +110,16 @@ class BakeOptions:
     # 0: the base AMI's own root snapshot size (the template leaves volume_size unset), which keeps every
     # node's minimum root volume as small as the base allows.
     root_volume_size_gib: int = 0
-    # Copy region -> the customer key of that region for its copy (the template's region_kms_key_ids);
-    # empty leaves the variable to PKR_VAR_region_kms_key_ids.
+    # Copy region -> the customer key of that region for its copy (a key belongs to one region): with
+    # kms_key_id, every copy region needs one, else its copy would get that region's default EBS key.
     copy_region_kms_keys: dict[str, str] = field(default_factory=dict)
     extra_vars_file: Path | None = None
     work_dir: Path | None = None
     # The instance types the image is for (None: the flavor's default, targets.DEFAULT_TARGETS).
     # Hardware-dependent installs follow them, never the builder's instance_type.
     target_instance_types: tuple[str, ...] | None = None
-    # Regions Packer copies the image to (ami_regions); the copies carry the same tags.
+    # Regions gpuforge copies the image to once Packer has registered it (copy_image): the copies carry
+    # the same tags, on their snapshots too.
     ami_regions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -143,6 +144,14 @@ class BakeOptions:
         if stray:
             raise UserError(
                 f"--copy-region-kms-key names {', '.join(stray)}, which is not a --copy-region of this bake"
+            )
+        missing = [r for r in self.ami_regions if not self.copy_region_kms_keys.get(r)]
+        if self.kms_key_id and missing:
+            raise UserError(
+                f"the image is encrypted with the customer key {self.kms_key_id}, but no key is given "
+                f"for the copy region(s) {', '.join(missing)}, where the copy would get that region's "
+                "default EBS key: give --copy-region-kms-key REGION=KEY (a key of that region) "
+                "for every --copy-region"
             )
         if self.extra_vars_file is not None and not self.extra_vars_file.is_file():
             raise UserError(f"extra vars file {self.extra_vars_file} does not exist")
@@ -331,14 +340,13 @@ def _run_packer(
 
 
 def _discard(run: Run, region: str) -> None:
-    """Retire whatever this bake registered, so a failed bake leaves no image behind.
+    """Retire whatever this bake left in region (images and snapshots tagged with its build id), so a
+    failed bake leaves nothing behind.
 
     A failure here is logged, not raised, so the caller still sees why the bake failed.
     """
     try:
-        for image in images.images_with_build_id(run.build_id, region):
-            LOG.warning("discarding %s from failed bake %s", image.id, run.build_id)
-            images.deregister(image, region)
+        images.discard_build(run.build_id, region)
     except (UserError, ExternalError) as exc:
         LOG.error(
             "could not discard the images of failed bake %s (tag %s): %s",
@@ -392,10 +400,7 @@ def bake_aws(options: BakeOptions) -> images.Image:
         "iam_instance_profile": options.the_iam_instance_profile,
         "kms_key_id": options.kms_key_id,
         "root_volume_size_gib": options.root_volume_size_gib,
-        "ami_regions": list(options.ami_regions),
     }
-    if options.copy_region_kms_keys:
-        variables["region_kms_key_ids"] = dict(options.copy_region_kms_keys)
     builder_imds = BuilderImds(AWS_SOURCE, region)
     try:
         artifacts = _run_packer(run, variables, AWS_SOURCE, watch=builder_imds, packer=packer)
@@ -409,14 +414,18 @@ def bake_aws(options: BakeOptions) -> images.Image:
         installed = installed_tags(run)
         images.add_tags(ami_id, installed, region)
         image = images.describe(ami_id, region)
-        # Each copy must be what the original is: same tags (Packer copies them), IMDSv2-only (the
-        # copy was made before Packer 1.6's image got ImdsSupport, so it is set on each copy too).
-        for copy_region in options.ami_regions:
-            copy_id = packer_manifest.image_in(artifacts, copy_region)
+        # The copies, made from the finished image: every tag (the installed ones too) is given at
+        # creation, to the copy and its snapshots (images.copy_image says why not Packer's ami_regions).
+        copies = {
+            r: images.copy_image(image, region, r, options.copy_region_kms_keys.get(r, ""))
+            for r in options.ami_regions
+        }
+        # Each copy must be what the original is: same tags, IMDSv2-only (whether CopyImage carries
+        # ImdsSupport over is not documented, so it is set on each copy).
+        for copy_region, copy_id in copies.items():
             images.wait_available(copy_id, copy_region)
-            check_image(images.describe(copy_id, copy_region), tags, base)
+            check_image(images.describe(copy_id, copy_region), {**tags, **installed}, base)
             images.require_imdsv2(copy_id, copy_region)
-            images.add_tags(copy_id, installed, copy_region)
     except BaseException:
         for where in (region, *options.ami_regions):
             _discard(run, where)

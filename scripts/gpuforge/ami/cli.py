@@ -181,7 +181,8 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="REGION",
-        help="also copy the image to REGION (Packer's ami_regions), tagged like the original; repeatable",
+        help="also copy the finished image to REGION, the copy and its snapshots tagged like the original "
+        "at creation; repeatable",
     )
     parser.add_argument(
         "--copy-region-kms-key",
@@ -189,8 +190,8 @@ def _add_bake(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="REGION=KEY",
-        help="with --kms-key-id: the customer key (of REGION) for the copy in REGION (the template's "
-        "region_kms_key_ids); every --copy-region needs one; repeatable",
+        help="with --kms-key-id: the customer key (of REGION) for the copy in REGION; every --copy-region "
+        "needs one; repeatable",
     )
     parser.add_argument("--no-publish", action="store_true", help="register the image but do not publish it")
     parser.add_argument(

@@ -219,6 +219,69 @@ def deregister(image: Image, region: str | None = None) -> None:
     LOG.info("deregistered %s (%s) and %d snapshot(s)", image.id, image.name, len(image.snapshot_ids))
 
 
+def copy_image(image: Image, source_region: str, target_region: str, kms_key_id: str = "") -> str:
+    """Copy image into target_region; return the copy's id. The copy and its new snapshots get the
+    image's tags in the CopyImage call itself (TagSpecifications), so the copy's snapshots carry the build
+    id from their first moment and a failed bake can find and delete them.
+
+    Packer's region copy cannot be used: packer-plugin-amazon v1.8.2 copies with CopyImageTags and no
+    TagSpecifications (builder/common/step_ami_region_copy.go:215-222), which copies only the AMI's own
+    tags, and then tags the copy and its untagged snapshots in one standalone CreateTags
+    (builder/common/step_create_tags.go:116-120), which a policy scoped to gpuforge-tagged snapshots
+    denies. Tags given at creation are authorized as ec2:CreateTags with ec2:CreateAction=CopyImage and
+    the request's tags (Amazon EC2 User Guide, "Grant permission to tag Amazon EC2 resources during
+    creation"; CopyImage TagSpecifications, Amazon EC2 API Reference), which the pipeline policy scopes
+    to requests that carry gpuforge:build-id.
+
+    The copy is encrypted (the image always is: the template's launch volume), with kms_key_id, a key
+    of target_region, or else that region's default EBS key.
+    """
+    tags = [{"Key": k, "Value": v} for k, v in sorted(image.tags.items()) if not k.startswith("aws:")]
+    if BUILD_ID_TAG not in image.tags:
+        raise ExternalError(f"image {image.id} has no {BUILD_ID_TAG} tag: gpuforge copies only its own bakes")
+    request: dict[str, object] = {
+        "SourceImageId": image.id,
+        "SourceRegion": source_region,
+        "Name": image.name,
+        "Encrypted": True,
+        "TagSpecifications": [
+            {"ResourceType": "image", "Tags": tags},
+            {"ResourceType": "snapshot", "Tags": tags},
+        ],
+    }
+    if kms_key_id:
+        request["KmsKeyId"] = kms_key_id
+    try:
+        copy_id = str(_ec2(target_region).copy_image(**request)["ImageId"])
+    except ClientError as exc:
+        raise ExternalError(f"cannot copy image {image.id} to {target_region}: {exc}") from exc
+    LOG.info("copying %s (%s) to %s as %s", image.id, image.name, target_region, copy_id)
+    return copy_id
+
+
+def discard_build(build_id: str, region: str | None = None) -> None:
+    """Retire everything a bake left in region: its images (whatever their state: a failed copy is an image
+    in state failed) with their snapshots, then any snapshot that still carries the build id (one whose
+    image is gone: a copy EC2 gave up on, or a snapshot Packer's cleanup could not delete)."""
+    for image in images_with_build_id(build_id, region):
+        LOG.warning("discarding %s from failed bake %s", image.id, build_id)
+        deregister(image, region)
+    ec2 = _ec2(region)
+    filters = [{"Name": f"tag:{BUILD_ID_TAG}", "Values": [build_id]}]
+    try:
+        pages = ec2.get_paginator("describe_snapshots").paginate(OwnerIds=["self"], Filters=filters)
+        left = sorted(s["SnapshotId"] for page in pages for s in page.get("Snapshots", []))
+        for snapshot in left:
+            LOG.warning("deleting snapshot %s of failed bake %s", snapshot, build_id)
+            try:
+                ec2.delete_snapshot(SnapshotId=snapshot)
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] != "InvalidSnapshot.NotFound":
+                    raise
+    except ClientError as exc:
+        raise ExternalError(f"cannot delete the snapshots of bake {build_id}: {exc}") from exc
+
+
 def add_tags(ami_id: str, tags: dict[str, str], region: str | None = None) -> None:
     """Add tags to a registered image (what it really carries, known only after the build)."""
     if not tags:

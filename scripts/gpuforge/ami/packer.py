@@ -202,7 +202,6 @@ class Packer:
             *_only(only),
             str(templates),
         ]
-        check_copy_encryption(_read_var_file(var_file), self.modern)
         LOG.debug("running %s", " ".join(args))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("w") as log:
@@ -307,70 +306,6 @@ def stage_templates(source: Path, staged: Path, modern: bool) -> Path:
             raise ExternalError(f"{source / MAIN_TEMPLATE} must hold the line {MODERN_MARKER.strip()!r} once")
         main.write_text(text.replace(MODERN_MARKER, (source / MODERN_SOURCE_FILE).read_text()))
     return staged
-
-
-def _read_var_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read the Packer variables {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise UserError(f"the Packer variables {path} must be a JSON object")
-    return data
-
-
-def _variable(variables: Mapping[str, Any], name: str, environ: Mapping[str, str]) -> Any:
-    """A variable as Packer sees it: the var file wins over PKR_VAR_<name> (Packer's variable precedence),
-    which is how a value gpuforge bake has no option for reaches the template."""
-    if name in variables:
-        return variables[name]
-    raw = environ.get(f"PKR_VAR_{name}")
-    if raw is None:
-        return None
-    if not raw.lstrip().startswith(("{", "[")):
-        return raw
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise UserError(f"PKR_VAR_{name} must be JSON for gpuforge to check it: {exc}") from exc
-
-
-def check_copy_encryption(
-    variables: Mapping[str, Any], modern: bool, environ: Mapping[str, str] | None = None
-) -> None:
-    """Refuse region copies of a customer-key image that would fall back to each region's default key.
-
-    The image is encrypted with kms_key_id through the launch volume. Packer's region copy passes a key only
-    with encrypt_boot and then takes it from region_kms_key_ids, leaving KmsKeyId empty otherwise, and
-    CopyImage then encrypts with the destination's default EBS key (packer-plugin-amazon v1.8.2
-    builder/common/step_ami_region_copy.go:124-133; hashicorp/packer v1.6.6 builder/amazon/common/
-    step_ami_region_copy.go:111-117). So every copy region needs its own customer key, on modern Packer only:
-    encrypt_boot makes an intermediate image that Packer deregisters, and Packer 1.6's CreateImage tags it
-    with nothing (v1.6.6 builder/amazon/ebs/step_create_ami.go:47-51), which leaves its cleanup outside a
-    tag-scoped policy; modern Packer gives it the run tags (v1.8.2 builder/ebs/step_create_ami.go:73-83).
-    """
-    env = os.environ if environ is None else environ
-    kms_key = _variable(variables, "kms_key_id", env) or ""
-    regions = _variable(variables, "ami_regions", env) or []
-    if not kms_key or not regions:
-        return
-    if not modern:
-        raise UserError(
-            f"copying an image encrypted with the customer key {kms_key} to {', '.join(regions)} needs "
-            f"Packer >= {'.'.join(map(str, MODERN_MIN))}: Packer 1.6 would encrypt the copies with each "
-            "region's default key"
-        )
-    keys = _variable(variables, "region_kms_key_ids", env) or {}
-    if not isinstance(keys, dict):
-        raise UserError("region_kms_key_ids must map each copy region to its KMS key")
-    missing = [region for region in regions if not keys.get(region)]
-    if missing:
-        raise UserError(
-            f"the image is encrypted with the customer key {kms_key}, but no key is given for the copy "
-            f"region(s) {', '.join(missing)}, where the copy would get that region's default EBS key: set "
-            'PKR_VAR_region_kms_key_ids=\'{"<region>": "<key ARN in that region>", ...}\' '
-            "for every copy region"
-        )
 
 
 def _interrupt(proc: subprocess.Popen[str], log: TextIO, signal_packer: bool = True) -> None:
