@@ -557,7 +557,9 @@ def test_apply_refuses_a_missing_document(aws: MotoServer, capsys: pytest.Captur
     ("extra", "message"),
     [
         (["--max-concurrency", "0"], "is not a count or a percentage"),
-        (["--max-concurrency", "150%"], "is not a count or a percentage"),
+        (["--max-concurrency", "150%"], "is not a count or a percentage (1-100%)\n"),
+        (["--max-concurrency", "200%"], "'200%' is not a count or a percentage (1-100%)"),
+        (["--max-errors", "101%"], "is not a count or a percentage (0-100%)\n"),
         (["--max-errors", "some"], "is not a count or a percentage"),
         (["--sha256", "XYZ"], "is not a sha256"),
         (["--revision", "0123abc"], "is not an exact git commit"),

@@ -180,13 +180,14 @@ def register(subparsers: Any) -> None:
     )
     apply.add_argument(
         "--max-concurrency",
-        type=_pattern(ssm.MAX_CONCURRENCY_PATTERN, "a count or a percentage (1-100%%)"),
+        # Not a format string (ArgumentTypeError's text is printed as it is): one %.
+        type=_pattern(ssm.MAX_CONCURRENCY_PATTERN, "a count or a percentage (1-100%)"),
         default="10%",
         help="nodes changed at once: a count or a percentage of the targets (default 10%%)",
     )
     apply.add_argument(
         "--max-errors",
-        type=_pattern(ssm.MAX_ERRORS_PATTERN, "a count or a percentage (0-100%%)"),
+        type=_pattern(ssm.MAX_ERRORS_PATTERN, "a count or a percentage (0-100%)"),
         default="1",
         help="failed nodes tolerated before no further node gets the command (default 1)",
     )
