@@ -385,9 +385,10 @@ def test_scheduled_workflow_runs_rebuild_canary_promote_in_that_order() -> None:
     assert names.index("Rebuild") < names.index("Canary") < names.index("Promote") < names.index("Prune")
     rebuild, canary_step, promote_step = (steps[names.index(n)] for n in ("Rebuild", "Canary", "Promote"))
     assert "args+=(--candidate)" in rebuild["run"] and "set -o pipefail" in rebuild["run"]
-    # Canary and promote run only when rebuild made an image, and on that image.
+    # Canary runs only when rebuild made an image, promote only when its canary passed; both on that image.
+    assert canary_step["if"] == "steps.rebuild.outputs.ami != ''"
+    assert promote_step["if"] == "steps.canary.outputs.passed == 'true'"
     for step in (canary_step, promote_step):
-        assert step["if"] == "steps.rebuild.outputs.ami != ''"
         assert step["env"]["AMI"] == "${{ steps.rebuild.outputs.ami }}"
     assert "gpuforge canary " in canary_step["run"] and "gpuforge promote " in promote_step["run"]
     # The commands parse: every option they pass exists.

@@ -205,3 +205,60 @@ def test_the_codebuild_schedule_moves_latest_only_through_canary_and_promote() -
     assert '--boot-timeout "$CANARY_BOOT_TIMEOUT" --command-timeout "$CANARY_COMMAND_TIMEOUT"' in script
     variables = yaml.safe_load(BUILDSPEC.read_text())["env"]["variables"]
     assert int(variables["CANARY_BOOT_TIMEOUT"]) * 2 + int(variables["CANARY_COMMAND_TIMEOUT"]) * 4 < 4 * 3600
+
+
+def test_packer_init_gets_the_jobs_token_for_the_github_api() -> None:
+    """`packer init` lists plugin releases through the GitHub API, 60 unauthenticated requests an hour per
+    address on a shared runner (hashicorp/packer#11259); Packer reads PACKER_GITHUB_API_TOKEN for it."""
+    rebuild = _step("Rebuild ${{ matrix.flavor }}")
+    assert rebuild["env"]["PACKER_GITHUB_API_TOKEN"] == "${{ github.token }}"
+
+
+def _run_canary_step(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], str, str]:
+    step = _step("Canary ${{ matrix.flavor }}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    fake = bin_dir / "gpuforge"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    output = tmp_path / "github_output"
+    output.touch()
+    variables = {k: "" for k in step["env"] if k.startswith("CANARY_")}
+    run_env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "GITHUB_OUTPUT": str(output),
+        "FLAVOR": "dlami",
+        "AMI": "ami-0123456789abcdef0",
+        **variables,
+        "CANARY_COUNT": "2",
+        **env,
+    }
+    result = subprocess.run(
+        ["bash", "-e", "-c", step["run"]], env=run_env, capture_output=True, text=True, check=False
+    )
+    return result, calls.read_text() if calls.exists() else "", output.read_text()
+
+
+def test_the_canary_without_its_settings_leaves_a_candidate_and_says_so(tmp_path: Path) -> None:
+    """As packer/buildspec.yml: no CANARY_INSTANCE_TYPE, no canary and no promote; the job goes on (prune)."""
+    result, calls, output = _run_canary_step(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert calls == "" and "passed=true" not in output
+    assert (
+        "ami-0123456789abcdef0 stays a candidate" in result.stdout and "CANARY_INSTANCE_TYPE" in result.stdout
+    )
+    assert _step("Promote ${{ matrix.flavor }}")["if"] == "steps.canary.outputs.passed == 'true'"
+    assert "if" not in _step("Prune ${{ matrix.flavor }}")
+
+
+def test_the_canary_with_its_settings_runs_and_lets_promote_run(tmp_path: Path) -> None:
+    settings = {
+        "CANARY_INSTANCE_TYPE": "p5.48xlarge",
+        "CANARY_INSTANCE_PROFILE": "gpuforge-canary",
+        "CANARY_RESULTS_BUCKET": "b",
+    }
+    result, calls, output = _run_canary_step(tmp_path, **settings)
+    assert result.returncode == 0, result.stderr
+    assert calls.startswith("canary --flavor dlami --ami ami-0123456789abcdef0 --instance-type p5.48xlarge")
+    assert "passed=true" in output
