@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "gpuforge.ami.cli",
     "gpuforge.noderev",
     "gpuforge.fleet.cli",
+    "gpuforge.accept.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

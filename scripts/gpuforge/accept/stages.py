@@ -1,0 +1,179 @@
+"""The stages on a Slurm cluster: plan.Tester implemented with salloc/srun, each result judged.
+
+Stage 1 runs node-check.sh on every node (one task per node); the pairs and the doubling steps run
+all_reduce_perf over EFA with one process per node driving all of its GPUs (nccl-tests' -g), launched
+by srun --mpi=pmix as scripts/slurm/nccl-allreduce.sbatch launches it, with that script's
+environment (EFA provider forced, NCCL INIT/NET logging that the judge reads to prove EFA was used).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from gpuforge.accept import nodecheck
+from gpuforge.accept.plan import Pair, Result
+from gpuforge.accept.slurm import Allocation, Slurm
+from gpuforge.nccl.evaluate import Settings, Verdict
+from gpuforge.nccl.judge import Judgement, judge_log
+
+# scripts/slurm/nccl-allreduce.sbatch's environment for a multi-node all_reduce (tests/test_accept_node.py
+# holds the two equal): libraries of the EFA installer and CUDA, the EFA provider forced so that a
+# missing EFA fails instead of falling back to TCP, and the NCCL logging that shows the network used.
+NCCL_ENV = {
+    "LD_LIBRARY_PATH": ":".join(
+        (
+            "/opt/amazon/ofi-nccl/lib",
+            "/opt/amazon/efa/lib",
+            "/opt/amazon/openmpi/lib",
+            "/usr/local/cuda/lib64",
+        )
+    ),
+    "FI_PROVIDER": "efa",
+    "FI_EFA_FORK_SAFE": "1",
+    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
+}
+POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class Options:
+    instance_type: str
+    gpus: int  # per node, from the instance type
+    efa_devices: int  # per node, from the instance type
+    gres_gpus: int  # GPUs Slurm lists for the nodes (requested per step where non-zero)
+    nccl: Settings  # the baseline table, threshold and collective every all_reduce is judged with
+    dcgm_level: int
+    all_reduce: str
+    health: str
+    efa_bin: str
+    max_bytes: str
+    iters: int
+
+
+@dataclass
+class PairLog:
+    nodes: tuple[str, ...]
+    log: Path
+    judgement: Judgement
+
+
+Progress = Callable[[str], None]
+
+
+def node_check_script() -> str:
+    return resources.files("gpuforge.accept").joinpath("node-check.sh").read_text()
+
+
+class SlurmTester:
+    """plan.Tester on Slurm; keeps every judgement for the report."""
+
+    def __init__(self, slurm: Slurm, options: Options, progress: Progress) -> None:
+        self.slurm = slurm
+        self.options = options
+        self.progress = progress
+        self.node_judgements: dict[str, nodecheck.NodeJudgement] = {}
+        self.multi: list[PairLog] = []
+        self._round = 0
+
+    def _judge_multi(self, nodes: Sequence[str], log: Path, rc: int | None) -> Result:
+        config = dataclasses.replace(self.options.nccl, nodes=len(nodes))
+        text = log.read_text(errors="replace") if log.exists() else ""
+        judgement = judge_log(text, config, log.name, rc, "srun")
+        self.multi.append(PairLog(tuple(nodes), log, judgement))
+        return Result(
+            judgement.verdict is not Verdict.FAIL,
+            judgement.figure,
+            judgement.busbw_gb_s,
+            judgement.expected_gb_s,
+            judged=judgement.verdict is Verdict.PASS,
+        )
+
+    def _all_reduce(self, allocation: Allocation, nodes: Sequence[str], log: Path) -> subprocess.Popen[str]:
+        o = self.options
+        command = [
+            o.all_reduce,
+            "-b",
+            "8",
+            "-e",
+            o.max_bytes,
+            "-f",
+            "2",
+            "-g",
+            str(o.gpus),
+            "-c",
+            "1",
+            "-n",
+            str(o.iters),
+        ]
+        return self.slurm.start_step(
+            allocation,
+            nodes,
+            command,
+            log,
+            mpi=True,
+            gpus_per_node=o.gres_gpus,
+            env={**os.environ, **NCCL_ENV},
+        )
+
+    def _wait(self, procs: Sequence[subprocess.Popen[str]], what: str) -> list[int]:
+        while True:
+            done = sum(p.poll() is not None for p in procs)
+            self.progress(f"{what}: {done}/{len(procs)} done")
+            if done == len(procs):
+                return [p.returncode for p in procs]
+            time.sleep(POLL_S)
+
+    def nodes_alone(self, nodes: Sequence[str]) -> Mapping[str, Result]:
+        o = self.options
+        allocation = self.slurm.allocate(nodes, "node")
+        log = self.slurm.workdir / "node-stage.log"
+        try:
+            command = [
+                "bash", "-c", node_check_script(), "node-check",
+                o.health, str(o.dcgm_level), o.efa_bin, str(o.gpus), o.all_reduce, o.max_bytes, str(o.iters),
+            ]  # fmt: skip
+            proc = self.slurm.start_step(
+                allocation, nodes, command, log, mpi=False, gpus_per_node=o.gres_gpus, label=True
+            )
+            self._wait([proc], f"stage 1/3: {len(nodes)} nodes alone")
+        finally:
+            self.slurm.release(allocation)
+        outputs = nodecheck.split(log.read_text(errors="replace"))
+        config = dataclasses.replace(o.nccl, nodes=1)
+        for node in nodes:
+            self.node_judgements[node] = nodecheck.judge(
+                outputs.get(node), node, config, o.gpus, o.efa_devices
+            )
+        return {n: self.node_judgements[n].result for n in nodes}
+
+    def pairs(self, pairs: Sequence[Pair]) -> Mapping[Pair, Result]:
+        self._round += 1
+        members = [n for p in pairs for n in p]
+        allocation = self.slurm.allocate(members, f"pairs-{self._round}")
+        logs = [self.slurm.workdir / f"pair-r{self._round}-{a}-{b}.log" for a, b in pairs]
+        try:
+            procs = [self._all_reduce(allocation, pair, log) for pair, log in zip(pairs, logs, strict=True)]
+            codes = self._wait(procs, f"stage 2/3: pairs round {self._round}")
+        finally:
+            self.slurm.release(allocation)
+        return {
+            pair: self._judge_multi(pair, log, rc) for pair, log, rc in zip(pairs, logs, codes, strict=True)
+        }
+
+    def step(self, nodes: Sequence[str]) -> Result:
+        allocation = self.slurm.allocate(nodes, f"doubling-{len(nodes)}")
+        log = self.slurm.workdir / f"doubling-{len(nodes)}.log"
+        try:
+            (rc,) = self._wait([self._all_reduce(allocation, nodes, log)], f"stage 3/3: {len(nodes)} nodes")
+        finally:
+            self.slurm.release(allocation)
+        return self._judge_multi(nodes, log, rc)

@@ -1,0 +1,226 @@
+"""gpuforge accept's node stage and Slurm plumbing without a cluster: node-check.sh run here against
+stand-in tools (TEST DOUBLES: a health script, fi_info replaying a recorded p5 listing, fi_pingpong,
+all_reduce_perf replaying a published nccl-tests log), its output judged by gpuforge.accept.nodecheck;
+scontrol's node lines; the multi-node environment; and the command's errors where Slurm is absent.
+The same run through real Slurm is tests/test_accept_lab.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuforge import cli as gpuforge_cli
+from gpuforge.accept import nodecheck, slurm, stages
+from gpuforge.nccl.evaluate import settings
+from test_fleet_health import HEALTH, config, tools  # noqa: F401 (the health script's fixtures)
+
+REPO = Path(__file__).resolve().parents[1]
+NCCL_LOG = REPO / "tests/fixtures/nccl/gcp-a3mega-h100-2node.log"
+FI_INFO = REPO / "tests/fixtures/health/fi_info-efa-p5.txt"
+
+
+def stand_in(directory: Path, name: str, body: str) -> str:
+    path = directory / name
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def health_report(status: str = "pass", check: str = "gpu_count", detail: str = "8 of 8 GPUs") -> str:
+    return json.dumps(
+        {
+            "mode": "adhoc",
+            "healthy": status != "fail",
+            "results": [{"check": check, "status": status, "detail": detail}],
+        }
+    )
+
+
+def node_check(
+    tmp_path: Path, *, health: str, pingpong_fails: str = "", gpus: int = 8, efa: bool = True
+) -> str:
+    """node-check.sh's output as srun --label prints task 0's, run here with the stand-ins."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    report = tmp_path / "health.json"
+    report.write_text(health)
+    health_bin = stand_in(
+        bin_dir,
+        "gpuforge-health",
+        f'[[ "$*" == "--mode adhoc --json --dcgm-level 2" ]] || exit 9\ncat {report}\nexit 0',
+    )
+    efa_dir = tmp_path / "efa"
+    efa_dir.mkdir(exist_ok=True)
+    if efa:
+        stand_in(efa_dir, "fi_info", f'[[ "$*" == "-p efa -t FI_EP_RDM" ]] && cat {FI_INFO}')
+        stand_in(
+            efa_dir,
+            "fi_pingpong",
+            'for a in "$@"; do [[ "$a" == "'
+            + (pingpong_fails or "none")
+            + '" ]] && { echo "fi_av_insert(): -22"; exit 1; }; done\n'
+            '[[ "$FI_EFA_ENABLE_SHM_TRANSFER" == 0 ]] || exit 3\necho "bytes #sent #ack total time MB/sec"',
+        )
+    all_reduce = stand_in(
+        bin_dir, "all_reduce_perf", f'[[ -z "${{SLURM_PROCID:-}}" ]] || exit 7\ncat {NCCL_LOG}'
+    )
+    script = REPO / "scripts/gpuforge/accept/node-check.sh"
+    env = {**os.environ, "SLURMD_NODENAME": "gpu-st-p5-1", "SLURM_PROCID": "0"}
+    proc = subprocess.run(
+        ["bash", str(script), health_bin, "2", str(efa_dir), str(gpus), all_reduce, "8G", "20"],
+        capture_output=True, text=True, env=env, check=True, timeout=120,
+    )  # fmt: skip
+    return "".join(f"0: {line}\n" for line in proc.stdout.splitlines())
+
+
+def baseline_file(tmp_path: Path, busbw: float) -> Path:
+    path = tmp_path / "baseline.yml"
+    path.write_text(
+        "gpuforge_nccl_baselines:\n  p5.48xlarge:\n    all_reduce:\n"
+        f"      - {{nodes: 1, busbw_gb_s: {busbw}, size_bytes: 1073741824, source: test}}\n"
+    )
+    return path
+
+
+def judged(tmp_path: Path, log: str, busbw: float = 100.0, efa_devices: int = 32) -> nodecheck.NodeJudgement:
+    nccl = settings("p5.48xlarge", baseline_file(tmp_path, busbw), 0.9, 1, "all_reduce")
+    outputs = nodecheck.split(log)
+    assert list(outputs) == ["gpu-st-p5-1"]
+    return nodecheck.judge(outputs["gpu-st-p5-1"], "gpu-st-p5-1", nccl, 8, efa_devices)
+
+
+def test_a_healthy_node_passes_every_part(tmp_path: Path) -> None:
+    verdict = judged(tmp_path, node_check(tmp_path, health=health_report()))
+    assert verdict.result.passed and verdict.result.judged, verdict.result.figure
+    assert [d["rc"] for d in verdict.efa] == [0] * 32 and len({d["device"] for d in verdict.efa}) == 32
+    assert "efa loopback: 32 of 32 devices" in verdict.result.figure
+    assert verdict.allreduce is not None and verdict.result.busbw_gb_s == verdict.allreduce.busbw_gb_s
+
+
+def test_each_part_fails_the_node_with_its_figure(tmp_path: Path) -> None:
+    failing = health_report("fail", "dcgm_diag", "dcgmi diag -r 2: Memory Fail - GPU 3")
+    verdict = judged(
+        tmp_path, node_check(tmp_path, health=failing, pingpong_fails="rdmap80s0-rdm"), busbw=1000.0
+    )
+    figure = verdict.result.figure
+    assert not verdict.result.passed
+    assert "health dcgm_diag: dcgmi diag -r 2: Memory Fail - GPU 3" in figure
+    assert "efa loopback rdmap80s0-rdm: fi_pingpong exit 1 fi_av_insert(): -22" in figure
+    assert re.search(
+        r"all_reduce alone: all_reduce FAIL: busbw [\d.]+ GB/s at >= 1073741824 B is \d+% of", figure
+    )
+
+
+def test_a_missing_efa_installer_fails_unless_the_lab_declares_it_absent(tmp_path: Path) -> None:
+    missing = judged(tmp_path, node_check(tmp_path, health=health_report(), efa=False))
+    assert not missing.result.passed and "fi_pingpong not found" in missing.result.figure
+    absent = health_report("absent_by_design", "efa_devices", "TEST DOUBLE: no EFA in the lab")
+    lab = judged(tmp_path, node_check(tmp_path, health=absent, efa=False))
+    assert lab.result.passed and "efa loopback absent_by_design" in lab.result.figure
+
+
+def test_no_baseline_is_reported_not_passed(tmp_path: Path) -> None:
+    nccl = settings("p5.48xlarge", None, 0.9, 1, "all_reduce")
+    output = nodecheck.split(node_check(tmp_path, health=health_report()))["gpu-st-p5-1"]
+    verdict = nodecheck.judge(output, "gpu-st-p5-1", nccl, 8, 32)
+    assert verdict.result.passed and not verdict.result.judged
+    assert "no intra-node (1-node) all_reduce baseline for p5.48xlarge" in verdict.result.figure
+
+
+def test_a_node_that_printed_nothing_fails(tmp_path: Path) -> None:
+    nccl = settings("p5.48xlarge", None, 0.9, 1, "all_reduce")
+    verdict = nodecheck.judge(None, "gpu-st-p5-9", nccl, 8, 32)
+    assert not verdict.result.passed and "no output from the node stage" in verdict.result.figure
+
+
+def test_labels_of_many_tasks_are_split_per_node() -> None:
+    log = "".join(
+        f"{i:>2}: @@gpuforge-accept node=n{i}\n{i:>2}: @@health begin\n{i:>2}: {{}}\n"
+        f"{i:>2}: @@health end rc=0\n"
+        for i in range(12)
+    )
+    outputs = nodecheck.split(log)
+    assert sorted(outputs) == sorted(f"n{i}" for i in range(12))
+    assert all(o.health_rc == "0" for o in outputs.values())
+
+
+def test_scontrol_nodes_and_which_can_be_tested() -> None:
+    text = (
+        "NodeName=gpu-st-p5-1 Arch=x86_64 CPUTot=192 Gres=gpu:h100:8(S:0-1) State=IDLE+CLOUD Partitions=gpu "
+        "Reason=\n"
+        "NodeName=gpu-st-p5-2 Gres=gpu:8 State=IDLE+DRAIN+CLOUD Partitions=gpu,all "
+        "Reason=gpuforge accept pairs: round 1 with gpu-st-p5-1 [root@2026-12-07T17:00:00]\n"
+        "NodeName=gpu-dy-p5-3 Gres=(null) State=IDLE+CLOUD+POWERED_DOWN Partitions=gpu\n"
+        "NodeName=gpu-st-p5-4 State=DOWN+NOT_RESPONDING Partitions=gpu Reason=Not responding\n"
+    )
+    nodes = slurm.parse_nodes(text)
+    assert [(n.name, n.gpus, n.partitions) for n in nodes] == [
+        ("gpu-st-p5-1", 8, ("gpu",)),
+        ("gpu-st-p5-2", 8, ("gpu", "all")),
+        ("gpu-dy-p5-3", 0, ("gpu",)),
+        ("gpu-st-p5-4", 0, ("gpu",)),
+    ]
+    assert [n.untestable for n in nodes] == [
+        None,
+        "state IDLE+DRAIN+CLOUD (gpuforge accept pairs: round 1 with gpu-st-p5-1 [root@2026-12-07T17:00:00])",
+        None,
+        "state DOWN+NOT_RESPONDING (Not responding)",
+    ]
+
+
+def test_the_multi_node_environment_is_the_sbatch_scripts() -> None:
+    """stages.NCCL_ENV and scripts/slurm/nccl-allreduce.sbatch set the same variables to the same defaults."""
+    text = (REPO / "scripts/slurm/nccl-allreduce.sbatch").read_text()
+    found = {}
+    for name, value in re.findall(r'^export (\w+)="?([^"\n]*)"?$', text, re.MULTILINE):
+        default = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
+        found[name] = default.group(1) if default else value
+    found["LD_LIBRARY_PATH"] = found["LD_LIBRARY_PATH"].split("${")[0].rstrip(":")
+    assert found == stages.NCCL_ENV
+
+
+def test_without_slurm_the_command_says_where_to_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    code = gpuforge_cli.main(["accept", "--partition", "gpu", "--instance-type", "p5.48xlarge"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Slurm's commands are not on PATH" in err and "head node" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--instance-type", "c5n.18xlarge"], "has no GPUs"),
+        (["--instance-type", "p9.hugexlarge"], "p9.hugexlarge"),
+        (["--instance-type", "p5.48xlarge", "--iters", "0"], "--iters and --time-limit must be 1 or more"),
+    ],
+)
+def test_bad_input_fails_before_slurm(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gpuforge_cli.main(["accept", "--partition", "gpu", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_health_takes_the_dcgm_level_of_the_run(
+    config: dict[str, Any],  # noqa: F811 (test_fleet_health's fixture)
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """gpuforge-health --dcgm-level N runs dcgmi diag -r N in place of the mode's configured level."""
+    path = tmp_path / "health.json"
+    path.write_text(json.dumps(config))
+    HEALTH.main(["--config", str(path), "--mode", "adhoc", "--json", "--dcgm-level", "2"])
+    results = {r["check"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert results["dcgm_diag"]["detail"] == "dcgmi diag -r 2 passed"
+    HEALTH.main(["--config", str(path), "--mode", "adhoc", "--json"])
+    results = {r["check"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert results["dcgm_diag"]["detail"] == "dcgmi diag -r 3 passed"
