@@ -249,7 +249,9 @@ def test_a_revision_without_a_bucket_anywhere_asks_for_one(
 ) -> None:
     """The queues run the image's revision (`gpuforge_node: true`): no bucket to reuse, so --bucket."""
     assert cli.main(_revision_args(repo, "--cluster-config", str(config_file), bucket=None)) == 2
-    assert "give --bucket: the actions name none" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "give --bucket BUCKET: an S3 bucket the cluster's nodes can read" in err
+    assert "actions name none" in err
 
 
 def test_queue_without_gpuforge_node_is_refused(

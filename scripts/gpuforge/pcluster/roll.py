@@ -153,8 +153,15 @@ def current_bucket(actions: Sequence[NodeAction]) -> str:
         options = _options(action.args)
         buckets |= {options[i + 1] for i in range(len(options) - 1) if options[i] == "--bucket"}
     if len(buckets) != 1:
-        named = ", ".join(sorted(buckets)) or "none"
-        raise UserError(f"give --bucket: the actions name {named} (exactly one is needed to pick it for you)")
+        if not buckets:
+            raise UserError(
+                "give --bucket BUCKET: an S3 bucket the cluster's nodes can read, where roll uploads the "
+                "revision; the queues' gpuforge-node actions name none (they run the revision in the image)"
+            )
+        raise UserError(
+            f"give --bucket BUCKET: the queues' gpuforge-node actions name {', '.join(sorted(buckets))}, "
+            "and roll picks one only when they all name the same"
+        )
     return buckets.pop()
 
 
