@@ -224,3 +224,139 @@ def test_health_takes_the_dcgm_level_of_the_run(
     HEALTH.main(["--config", str(path), "--mode", "adhoc", "--json"])
     results = {r["check"]: r for r in json.loads(capsys.readouterr().out)["results"]}
     assert results["dcgm_diag"]["detail"] == "dcgmi diag -r 3 passed"
+
+
+# TEST DOUBLE of all_reduce_perf for the fake Slurm: nccl-tests' output format (as the lab's stand-in
+# prints it), 1 GiB to 8 GiB; the bus bandwidth is FAKE_BUSBW, or a quarter of it when one of the step's
+# nodes (SLURMD_NODENAME alone, FAKE_STEP_NODES in a multi-node step) is listed in FAKE_SLOW.
+FAKE_ALL_REDUCE = r"""#!/usr/bin/env python3
+import os
+rank = int(os.environ.get("SLURM_PROCID", "0"))
+if rank:
+    raise SystemExit(0)
+nodes = os.environ.get("FAKE_STEP_NODES", "").split(",") if "SLURM_PROCID" in os.environ else []
+nodes = nodes or [os.environ["SLURMD_NODENAME"]]
+slow = set(os.environ.get("FAKE_SLOW", "").split(",")) & set(nodes)
+busbw = float(os.environ["FAKE_BUSBW"]) / (4 if slow else 1)
+print("# nccl-tests version 2.17.6 nccl-headers=22703 nccl-library=22703")
+print("# Collective test starting: all_reduce_perf")
+print("# nThread 1 nGpus 8 minBytes 1073741824 maxBytes 8589934592 step: 2(factor) warmup iters: 1 iters: 20")
+for r, node in enumerate(nodes):
+    print(f"#  Rank {r:2d} Group  0 Pid   100 on {node:>10} device  0 [0000:00:00] TEST DOUBLE")
+half = "    time   algbw   busbw #wrong"
+print("#       size         count      type   redop    root" + half + half)
+size = 1 << 30
+while size <= 8 << 30:
+    cells = f"   1000.0  {busbw:6.2f}  {busbw:6.2f}      0"
+    print(f"{size:12d}  {size // 4:12d}     float     sum      -1" + cells + cells)
+    size *= 2
+print("# Out of bounds values : 0 OK")
+print(f"# Avg bus bandwidth    : {busbw}")
+"""
+
+
+@pytest.fixture
+def fake_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Four p4d nodes in partition gpu behind the Slurm TEST DOUBLE, the health script passing on each."""
+    state = tmp_path / "slurm"
+    bin_dir = tmp_path / "fakebin"
+    for directory in (state, bin_dir):
+        directory.mkdir()
+    nodes = {
+        f"gpu-st-p4d-{i}": {"state": "IDLE", "partitions": ["gpu"], "gres": "gpu:8"} for i in range(1, 5)
+    }
+    nodes["gpu-st-p4d-5"] = {"state": "IDLE+DRAIN", "partitions": ["gpu"], "gres": "gpu:8"}
+    (state / "nodes.json").write_text(json.dumps(nodes))
+    for name in slurm.COMMANDS:
+        (bin_dir / name).symlink_to(REPO / "tests/fixtures/accept/fakeslurm.py")
+    all_reduce = bin_dir / "all_reduce_perf"
+    all_reduce.write_text(FAKE_ALL_REDUCE)
+    all_reduce.chmod(0o755)
+    report = tmp_path / "health.json"
+    report.write_text(health_report())
+    health_bin = stand_in(bin_dir, "gpuforge-health", f"cat {report}")
+    efa_dir = tmp_path / "efa"
+    efa_dir.mkdir()
+    # A p4d's four EFA devices: the first four of the recorded p5 listing.
+    listing = tmp_path / "fi_info-4.txt"
+    listing.write_text("".join(FI_INFO.read_text().splitlines(keepends=True)[:24]))
+    stand_in(efa_dir, "fi_info", f"cat {listing}")
+    stand_in(efa_dir, "fi_pingpong", "exit 0")
+    base = tmp_path / "base.yml"
+    base.write_text(
+        "gpuforge_nccl_baselines:\n  p4d.24xlarge:\n    all_reduce:\n"
+        + "".join(
+            f"      - {{nodes: {n}, busbw_gb_s: 100, size_bytes: 8589934592, source: test}}\n"
+            for n in (1, 2, 4)
+        )
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM", str(state))
+    monkeypatch.setenv("FAKE_BUSBW", "99")
+    monkeypatch.setattr(stages, "POLL_S", 0.05)
+    argv = [
+        "accept", "--partition", "gpu", "--instance-type", "p4d.24xlarge", "--baseline", str(base),
+        "--all-reduce", str(all_reduce), "--health", health_bin, "--efa-bin", str(efa_dir),
+        "--out", str(tmp_path / "out"),
+    ]  # fmt: skip
+    return {"argv": argv, "state": state, "out": tmp_path / "out"}
+
+
+@pytest.mark.slow
+def test_fake_slurm_healthy_nodes_are_accepted_and_nothing_drained(
+    fake_cluster: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gpuforge_cli.main(fake_cluster["argv"]) == 0
+    out = capsys.readouterr().out
+    assert "projected wall time for 4 nodes" in out.splitlines()[0]
+    assert "gpuforge accept: ACCEPTED (p4d.24xlarge, 4 nodes tested of 5)" in out
+    assert "not tested: gpu-st-p4d-5 (state IDLE+DRAIN)" in out
+    assert not (fake_cluster["state"] / "drained.json").exists()
+    report = json.loads((fake_cluster["out"] / "report.json").read_text())
+    assert report["accepted"] and [p["nodes"] for p in report["pairs"]] == [
+        ["gpu-st-p4d-1", "gpu-st-p4d-2"],
+        ["gpu-st-p4d-3", "gpu-st-p4d-4"],
+    ]
+    assert [(s["nodes"], s["result"]["passed"]) for s in report["doubling"]] == [(2, True), (4, True)]
+    for picture in ("doubling.png", "pairs.png"):
+        assert (fake_cluster["out"] / picture).read_bytes()[:4] == b"\x89PNG"
+    calls = [json.loads(line) for line in (fake_cluster["state"] / "calls.log").read_text().splitlines()]
+    allocations = [c for c in calls if c[0] == "salloc"]
+    # One job per stage: the node stage, one pair round, two doubling steps; all exclusive, --no-kill.
+    assert len(allocations) == 4 and all("--exclusive" in c and "--no-kill" in c for c in allocations)
+    multi = [c for c in calls if c[0] == "srun" and "--mpi=pmix" in c]
+    assert multi and all(f"NCCL_SOCKET_IFNAME={stages.NCCL_ENV['NCCL_SOCKET_IFNAME']}" in c for c in multi)
+    assert all("--gpus-per-node=8" in c for c in calls if c[0] == "srun")
+
+
+@pytest.mark.slow
+def test_fake_slurm_slow_node_is_named_drained_and_the_rest_accepted(
+    fake_cluster: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_SLOW", "gpu-st-p4d-3")
+    assert gpuforge_cli.main(fake_cluster["argv"]) == 1
+    out = capsys.readouterr().out
+    drained = json.loads((fake_cluster["state"] / "drained.json").read_text())
+    assert list(drained) == ["gpu-st-p4d-3"]
+    assert drained["gpu-st-p4d-3"].startswith(
+        "gpuforge accept node: all_reduce alone: all_reduce FAIL: busbw 24.75"
+    )
+    assert "failed gpu-st-p4d-3: node: all_reduce alone" in out and "drained: gpu-st-p4d-3" in out
+    report = json.loads((fake_cluster["out"] / "report.json").read_text())
+    assert {n: v["status"] for n, v in report["nodes"].items()} == {
+        "gpu-st-p4d-1": "accepted",
+        "gpu-st-p4d-2": "accepted",
+        "gpu-st-p4d-3": "failed",
+        "gpu-st-p4d-4": "accepted",
+        "gpu-st-p4d-5": "not tested",
+    }
+
+
+@pytest.mark.slow
+def test_fake_slurm_report_only_drains_nothing(
+    fake_cluster: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_SLOW", "gpu-st-p4d-2")
+    assert gpuforge_cli.main([*fake_cluster["argv"], "--report-only"]) == 1
+    assert "--report-only: would drain gpu-st-p4d-2" in capsys.readouterr().out
+    assert not (fake_cluster["state"] / "drained.json").exists()

@@ -108,6 +108,11 @@ def hostnames(expression: str) -> list[str]:
     return _run(["scontrol", "show", "hostnames", expression]).stdout.split()
 
 
+def hostlist(names: Sequence[str]) -> str:
+    """Names as one compressed Slurm node list (gpu-st-p5-[1-1000]): short on any command line."""
+    return _run(["scontrol", "show", "hostlist", ",".join(names)]).stdout.strip()
+
+
 def find_nodes(partition: str | None, nodelist: str | None) -> list[Node]:
     """The nodes of a partition and/or a node list, as slurmctld sees them now."""
     if partition is None and nodelist is None:
@@ -148,8 +153,6 @@ class Slurm:
 
     def allocate(self, nodes: Sequence[str], stage: str) -> Allocation:
         """One exclusive allocation of exactly these nodes; returns once Slurm granted it."""
-        nodefile = self.workdir / f"{stage}.nodes"
-        nodefile.write_text("\n".join(nodes) + "\n")
         argv = [
             "salloc",
             "--no-shell",
@@ -157,7 +160,7 @@ class Slurm:
             "--no-kill",
             f"--job-name={self.job_name}-{stage}",
             f"--nodes={len(nodes)}",
-            f"--nodelist={nodefile}",
+            f"--nodelist={hostlist(nodes)}",
             f"--time={self.time_limit_min}",
         ]
         if self.partition:
@@ -190,7 +193,7 @@ class Slurm:
             f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes)}",
             "--ntasks-per-node=1",
-            f"--nodelist={','.join(nodes)}",
+            f"--nodelist={hostlist(nodes)}",
             f"--time={self.time_limit_min}",
             "--kill-on-bad-exit=0",
             "--mpi=pmix" if mpi else "--mpi=none",
@@ -199,14 +202,18 @@ class Slurm:
             argv.append(f"--gpus-per-node={gpus_per_node}")
         if label:
             argv.append("--label")
+        if env:
+            # Set by env(1) on the node, not srun --export: that list is comma-separated, and values such
+            # as NCCL_SOCKET_IFNAME=^docker,lo,veth hold commas.
+            command = ["env", *(f"{k}={v}" for k, v in env.items()), *command]
         handle: IO[str] = log.open("w")
         try:
             return subprocess.Popen(
                 [*argv, *command],
+                stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env=dict(env) if env else None,
             )
         finally:
             handle.close()

@@ -9,7 +9,6 @@ environment (EFA provider forced, NCCL INIT/NET logging that the judge reads to 
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -121,7 +120,7 @@ class SlurmTester:
             log,
             mpi=True,
             gpus_per_node=o.gres_gpus,
-            env={**os.environ, **NCCL_ENV},
+            env=NCCL_ENV,
         )
 
     def _wait(self, procs: Sequence[subprocess.Popen[str]], what: str) -> list[int]:
