@@ -11,6 +11,7 @@ from typing import Any
 from gpuforge import instance_types
 from gpuforge.accept import plan, report, slurm
 from gpuforge.accept.stages import Options, SlurmTester
+from gpuforge.cliargs import positive_int
 from gpuforge.errors import UserError
 from gpuforge.nccl.evaluate import THRESHOLD, settings
 
@@ -69,9 +70,15 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-bytes", default="8G", help="largest all_reduce message (default 8G, the baselines' size)"
     )
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per message size (default 20)")
     p.add_argument(
-        "--time-limit", type=int, default=60, metavar="MIN", help="limit of each stage's job (default 60)"
+        "--iters", type=positive_int, default=20, help="timed iterations per message size (default 20)"
+    )
+    p.add_argument(
+        "--time-limit",
+        type=positive_int,
+        default=60,
+        metavar="MIN",
+        help="limit of each stage's job (default 60)",
     )
     p.set_defaults(handler=handle)
 
@@ -113,8 +120,6 @@ def _partition(args: argparse.Namespace, nodes: list[slurm.Node]) -> str | None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.iters < 1 or args.time_limit < 1:
-        raise UserError("--iters and --time-limit must be 1 or more")
     nccl = settings(args.instance_type, args.baseline, args.threshold, None, "all_reduce")
     facts = instance_types.get(args.instance_type)
     slurm.require()
