@@ -69,7 +69,7 @@ CASES = [
     Case(
         "bake-missing-extra-vars",
         ("bake", "--no-publish", "--extra-vars", "{tmp}/nope.yml"),
-        r"extra vars file .*nope\.yml does not exist",
+        r"argument --extra-vars: .*nope\.yml does not exist",
     ),
     Case(
         "lab-zero-nodes",
@@ -154,7 +154,7 @@ CASES = [
     Case(
         "spec-missing-file",
         ("cluster-config", "generate", "{tmp}/absent.yml"),
-        r"cannot read cluster spec .*absent\.yml",
+        r"argument SPEC: .*absent\.yml does not exist",
     ),
     Case(
         "config-not-yaml",

@@ -413,13 +413,8 @@ def test_baseline_refuses_bad_runs(tmp_path: Path, log: Path, extra: list[str], 
     [
         ([str(GCP), "--instance-type", "p9.huge"], "unknown instance type"),
         ([str(GCP), "--instance-type", "c5n.large"], "has no GPUs"),
-        (["/nonexistent/job.out", "--instance-type", "p5.48xlarge"], "cannot read"),
         ([str(GCP), "--instance-type", "p5.48xlarge", "--threshold", "1.5"], "threshold"),
         ([str(GCP), "--instance-type", "p5.48xlarge", "--nodes", "0"], "--nodes"),
-        (
-            [str(GCP), "--instance-type", "p5.48xlarge", "--baseline", "/nonexistent.yml"],
-            "cannot read baseline",
-        ),
         (
             [str(OLD), "--instance-type", "p5.48xlarge", "--baseline", str(OLD)],
             "no 'gpuforge_nccl_baselines:'",

@@ -57,8 +57,10 @@ def test_generate_bad_spec_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_missing_spec_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["cluster-config", "generate", str(tmp_path / "absent.yml")]) == 2
-    assert "cannot read cluster spec" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["cluster-config", "generate", str(tmp_path / "absent.yml")])
+    assert exited.value.code == 2
+    assert "absent.yml does not exist" in capsys.readouterr().err
 
 
 def test_validate_schema_error_exits_2(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def positive_int(text: str) -> int:
@@ -21,3 +22,14 @@ def nonempty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
+
+
+def existing_file(text: str) -> Path:
+    """A file the command reads: refused at parse time (exit 2) when it is not there, so a command never
+    spends AWS calls and retries before saying a local input is missing."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a file")
+    return path

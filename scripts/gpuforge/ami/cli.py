@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuforge import aws, targets, versions
 from gpuforge.ami import bake, canary, iam, images, inputs, promote, prune, publish, references
-from gpuforge.cliargs import nonempty, positive_int
+from gpuforge.cliargs import existing_file, nonempty, positive_int
 from gpuforge.errors import UserError
 from gpuforge.pcluster import config as pcluster_config
 from gpuforge.pcluster.rollout import ConfigChange
@@ -34,7 +34,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _add_cluster_config(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument(
-        "--cluster-config", type=Path, action="append", default=[], metavar="PATH", help=help_text
+        "--cluster-config", type=existing_file, action="append", default=[], metavar="PATH", help=help_text
     )
 
 
@@ -121,7 +121,10 @@ def add_host_bake_arguments(parser: argparse.ArgumentParser) -> None:
         "--pcluster-version", help="ParallelCluster release (default: the installed aws-parallelcluster)"
     )
     parser.add_argument(
-        "--extra-vars", type=Path, metavar="FILE", help="YAML/JSON vars for ansible-playbook -e @FILE"
+        "--extra-vars",
+        type=existing_file,
+        metavar="FILE",
+        help="YAML/JSON vars for ansible-playbook -e @FILE",
     )
     parser.add_argument(
         "--work-dir", type=Path, help="where bakes keep templates, logs, manifests (default build/ami)"
@@ -533,7 +536,9 @@ def _register_promotion(sub: Any) -> None:
     p_canary.add_argument(
         "--command-timeout", type=positive_int, default=7200, metavar="S", help="seconds per node command"
     )
-    p_canary.add_argument("--baseline", type=Path, metavar="FILE", help="nccl baseline file (nccl-report)")
+    p_canary.add_argument(
+        "--baseline", type=existing_file, metavar="FILE", help="nccl baseline file (nccl-report)"
+    )
     p_canary.add_argument("--out", type=Path, metavar="DIR", help="for canary.json and the NCCL report")
     p_canary.set_defaults(handler=_canary)
 

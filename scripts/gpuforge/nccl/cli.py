@@ -7,6 +7,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+from gpuforge.cliargs import existing_file
 from gpuforge.errors import UserError
 from gpuforge.nccl import baseline, report
 from gpuforge.nccl.collective import identify
@@ -23,7 +24,9 @@ from gpuforge.nccl.parse import COLLECTIVES, Run, parse
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="nccl-tests output (job log)")
+    parser.add_argument(
+        "logs", nargs="+", type=existing_file, metavar="LOG", help="nccl-tests output (job log)"
+    )
     parser.add_argument("--instance-type", required=True, help="EC2 type the runs used, e.g. p5.48xlarge")
     parser.add_argument(
         "--nodes", type=int, help="node count, when the log does not list its '# Rank' devices"
@@ -46,7 +49,7 @@ def register(subparsers: Any) -> None:
     rep.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for report and plots")
     rep.add_argument(
         "--baseline",
-        type=Path,
+        type=existing_file,
         metavar="FILE",
         help="baseline file (from `gpuforge nccl-baseline`) instead of data/nccl_baselines.yml",
     )

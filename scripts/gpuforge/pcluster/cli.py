@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuforge.amiid import check_ami_id
+from gpuforge.cliargs import existing_file
 from gpuforge.errors import UserError
 from gpuforge.pcluster import rollout
 from gpuforge.pcluster.config import (
@@ -100,7 +101,7 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="cluster_config_command", required=True, metavar="ACTION")
 
     gen = sub.add_parser("generate", help="build a cluster config from a spec (docs/cluster-spec.md)")
-    gen.add_argument("spec", type=Path, metavar="SPEC", help="cluster spec YAML")
+    gen.add_argument("spec", type=existing_file, metavar="SPEC", help="cluster spec YAML")
     gen.add_argument("-o", "--output", type=Path, metavar="OUT", help="write here instead of stdout")
     gen.add_argument(
         "--check-image",
@@ -111,7 +112,7 @@ def register(subparsers: Any) -> None:
     gen.set_defaults(handler=_generate)
 
     val = sub.add_parser("validate", help="check a cluster config with aws-parallelcluster's schema, offline")
-    val.add_argument("config", type=Path, metavar="CONFIG", help="cluster config YAML")
+    val.add_argument("config", type=existing_file, metavar="CONFIG", help="cluster config YAML")
     val.add_argument(
         "--check-images",
         action="store_true",
@@ -123,7 +124,7 @@ def register(subparsers: Any) -> None:
     ami = sub.add_parser(
         "set-ami", help="give a cluster config's Slurm queues an AMI; say what pcluster update-cluster does"
     )
-    ami.add_argument("config", type=Path, metavar="CONFIG", help="cluster config YAML")
+    ami.add_argument("config", type=existing_file, metavar="CONFIG", help="cluster config YAML")
     ami.add_argument("--ami", required=True, help="AMI id (ami-...)")
     ami.add_argument(
         "--queue",

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuforge import aws, noderev
+from gpuforge.cliargs import existing_file
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.pcluster import config as pcluster_config
 from gpuforge.pcluster import rollout, update
@@ -403,7 +404,7 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--cluster-config", dest="config", required=True, type=Path, metavar="FILE")
+    parser.add_argument("--cluster-config", dest="config", required=True, type=existing_file, metavar="FILE")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--ami", help="give the queues this image (Image.CustomAmi)")
     what.add_argument("--revision", help="publish this git revision and give it to the queues' gpuforge-node")
@@ -426,7 +427,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--deployed-config",
-        type=Path,
+        type=existing_file,
         metavar="FILE",
         help="the config the cluster runs now, to judge against (default: FILE as it was before the roll)",
     )

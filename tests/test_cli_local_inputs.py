@@ -1,0 +1,67 @@
+"""Every command checks the files it reads before anything else: a missing one is exit 2 naming it, with no
+AWS call (`promote --cluster-config /nonexistent.yaml` spent 30 s of retries first; issue 34, R11)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuforge import cli
+from gpuforge.cliargs import existing_file
+
+MISSING = "/nonexistent/gpuforge-input.yaml"
+# Path arguments that are written, or are folders or a checkout: no file to read.
+NOT_READ = {"out", "output", "work_dir", "repo", "cache_dir", "results_dir", "run_dir"}
+# Commands another change is still adding (gpuforge accept, issue 34): audited once it lands.
+NOT_YET = {"accept"}
+
+
+def _subcommands(
+    parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    yield prefix, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subcommands(sub, (*prefix, name))
+
+
+def test_every_path_a_command_reads_is_checked_at_parse_time() -> None:
+    unchecked = [
+        f"{' '.join(words)} {action.option_strings or action.dest}"
+        for words, parser in _subcommands(cli.build_parser())
+        for action in parser._actions
+        if action.type is Path and action.dest not in NOT_READ and words[:1] and words[0] not in NOT_YET
+    ]
+    assert unchecked == []
+
+
+COMMANDS = [
+    ["promote", "--flavor", "pcluster", "--cluster-config", MISSING],
+    ["roll", "--cluster-config", MISSING, "--revision", "HEAD", "--bucket", "b"],
+    ["roll", "--cluster-config", __file__, "--ami", "ami-0123456789abcdef0", "--deployed-config", MISSING],
+    ["cluster-config", "generate", MISSING, "-o", "/tmp/x.yaml"],
+    ["cluster-config", "validate", MISSING],
+    ["bake", "--extra-vars", MISSING],
+    ["nccl-report", MISSING, "--instance-type", "p5.48xlarge", "--out", "/tmp/r"],
+    ["nccl-report", __file__, "--instance-type", "p5.48xlarge", "--out", "/tmp/r", "--baseline", MISSING],
+]
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_a_missing_input_file_is_refused_before_any_aws_call(
+    argv: list[str], no_aws: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert f"{MISSING} does not exist" in capsys.readouterr().err
+    assert no_aws == []
+
+
+def test_a_folder_is_not_a_file(tmp_path: Path) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a file"):
+        existing_file(str(tmp_path))
