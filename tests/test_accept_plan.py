@@ -231,6 +231,15 @@ def test_the_second_round_runs_in_waves_when_references_are_short() -> None:
     assert [c for c in cluster.calls if c[0] == "pairs"] == [("pairs", 5), ("pairs", 4), ("pairs", 2)]
 
 
+def test_pairs_are_neighbours_in_slurm_order() -> None:
+    cluster = ModelCluster(12, {})
+    result = plan.run(list(reversed(cluster.nodes)), cluster)
+    assert [t.pair for t in result.search.tests][-2:] == [
+        ("gpu-st-p5-9", "gpu-st-p5-10"),
+        ("gpu-st-p5-11", "gpu-st-p5-12"),
+    ]
+
+
 def test_an_odd_node_out_is_paired_with_a_reference() -> None:
     cluster = ModelCluster(3, {})
     result = plan.run(cluster.nodes, cluster)

@@ -24,8 +24,8 @@ DCGM_S = {1: 60.0, 2: 150.0, 3: 960.0, 4: 3600.0}
 # One all_reduce_perf from 8 B to 8 GiB, 20 iterations a size, with NCCL's start-up: alone, and over EFA.
 ALONE_ALLREDUCE_S = 120.0
 MULTI_ALLREDUCE_S = 180.0
-# One fi_pingpong loopback per EFA device: a second's wait for the server plus the exchange.
-LOOPBACK_S = 2.0
+# The EFA loopbacks, every device at once: a second's wait for the servers plus the exchanges.
+LOOPBACK_S = 5.0
 
 
 def register(subparsers: Any) -> None:
@@ -106,7 +106,7 @@ class Progress:
 
 
 def projection(nodes: int, dcgm_level: int, efa_devices: int) -> plan.Projection:
-    node_stage = DCGM_S[dcgm_level] + efa_devices * LOOPBACK_S + ALONE_ALLREDUCE_S
+    node_stage = DCGM_S[dcgm_level] + (LOOPBACK_S if efa_devices else 0.0) + ALONE_ALLREDUCE_S
     return plan.Projection(nodes, node_stage, MULTI_ALLREDUCE_S, MULTI_ALLREDUCE_S)
 
 

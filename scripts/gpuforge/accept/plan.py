@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -58,6 +59,11 @@ class Tester(Protocol):
     def pairs(self, pairs: Sequence[Pair]) -> Mapping[Pair, Result]: ...
 
     def step(self, nodes: Sequence[str]) -> Result: ...
+
+
+def natural(name: str) -> tuple[str | int, ...]:
+    """Sort key that puts gpu-st-p5-2 before gpu-st-p5-10, as Slurm lists nodes."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
 def disjoint_pairs(nodes: Sequence[str]) -> tuple[list[Pair], list[str]]:
@@ -210,8 +216,8 @@ class PairSearch:
             return [], ""
         # The least used references first, so that no reference carries every suspect.
         load = {r: sum(1 for t in self.tests if r in t.pair) for r in usable}
-        usable.sort(key=lambda r: (load[r], r))
-        suspects = sorted(self.pending)[: len(usable)]
+        usable.sort(key=lambda r: (load[r], natural(r)))
+        suspects = sorted(self.pending, key=natural)[: len(usable)]
         purpose = "confirm" if all(s in self.confirmed for s in suspects) else "isolate"
         return list(zip(suspects, usable, strict=False)), purpose
 
@@ -280,7 +286,7 @@ def run(
 ) -> Acceptance:
     """The three stages over `nodes` (those that can be tested), in the order and with the decisions above."""
     say = progress or (lambda _line: None)
-    ordered = sorted(nodes)
+    ordered = sorted(nodes, key=natural)
     say(f"stage 1/3: {len(ordered)} nodes alone")
     alone = dict(tester.nodes_alone(ordered)) if ordered else {}
     passed_alone = [n for n in ordered if alone[n].passed]
