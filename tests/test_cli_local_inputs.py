@@ -17,6 +17,8 @@ MISSING = "/nonexistent/gpuforge-input.yaml"
 NOT_READ = {"out", "output", "work_dir", "repo", "cache_dir", "results_dir", "run_dir"}
 # Commands another change is still adding (gpuforge accept, issue 34): audited once it lands.
 NOT_YET = {"accept"}
+# Checked by the handler before any AWS call instead (prune --allow-missing goes on without a gone config).
+IN_HANDLER = {("prune", "cluster_config")}
 
 
 def _subcommands(
@@ -34,7 +36,11 @@ def test_every_path_a_command_reads_is_checked_at_parse_time() -> None:
         f"{' '.join(words)} {action.option_strings or action.dest}"
         for words, parser in _subcommands(cli.build_parser())
         for action in parser._actions
-        if action.type is Path and action.dest not in NOT_READ and words[:1] and words[0] not in NOT_YET
+        if action.type is Path
+        and action.dest not in NOT_READ
+        and words[:1]
+        and words[0] not in NOT_YET
+        and (words[0], action.dest) not in IN_HANDLER
     ]
     assert unchecked == []
 
@@ -62,6 +68,38 @@ def test_a_missing_input_file_is_refused_before_any_aws_call(
     assert no_aws == []
 
 
+def test_prune_refuses_a_missing_config_before_aws_unless_allowed(
+    no_aws: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["prune", "--flavor", "dlami", "--cluster-config", MISSING]) == 2
+    assert f"cluster config {MISSING} does not exist" in capsys.readouterr().err
+    assert no_aws == []
+
+
 def test_a_folder_is_not_a_file(tmp_path: Path) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="is not a file"):
         existing_file(str(tmp_path))
+
+
+SPEC = Path(__file__).resolve().parents[1] / "examples" / "cluster-spec.yml"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["roll", "--cluster-config", str(SPEC), "--revision", "HEAD", "--bucket", "b"],
+        ["roll", "--cluster-config", str(SPEC), "--ami", "ami-0123456789abcdef0"],
+        ["cluster-config", "validate", str(SPEC)],
+        ["promote", "--flavor", "pcluster", "--cluster-config", str(SPEC)],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_a_cluster_spec_given_for_a_config_is_named_as_one(
+    argv: list[str], no_aws: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "no queue runs gpuforge-node": the file is a spec, and generate writes the config from it."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{SPEC} is a cluster spec" in err
+    assert f"gpuforge cluster-config generate {SPEC} -o cluster.yaml" in err
+    assert no_aws == []

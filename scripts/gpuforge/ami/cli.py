@@ -32,9 +32,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", type=nonempty, help="AWS region (default: AWS_REGION or us-east-1)")
 
 
-def _add_cluster_config(parser: argparse.ArgumentParser, help_text: str) -> None:
+def _add_cluster_config(parser: argparse.ArgumentParser, help_text: str, must_exist: bool = True) -> None:
+    # must_exist False: prune's --allow-missing goes on without a config that is gone (_check_configs).
     parser.add_argument(
-        "--cluster-config", type=existing_file, action="append", default=[], metavar="PATH", help=help_text
+        "--cluster-config",
+        type=existing_file if must_exist else Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help=help_text,
     )
 
 
@@ -254,6 +260,7 @@ def register(sub: Any) -> None:
     _add_cluster_config(
         p_prune,
         "cluster config whose AMIs must stay, besides every ParallelCluster cluster found; repeatable",
+        must_exist=False,
     )
     p_prune.add_argument(
         "--allow-missing",
@@ -304,6 +311,19 @@ def _options(args: argparse.Namespace) -> bake.BakeOptions:
         ami_regions=tuple(args.copy_region),
         copy_region_kms_keys=dict(args.copy_region_kms_key),
     )
+
+
+def _check_configs(args: argparse.Namespace) -> None:
+    """Read every --cluster-config before any AWS call: a malformed file, or a cluster spec given for a
+    config, is refused at once (pcluster_config.load_config says which and what to do)."""
+    for path in getattr(args, "cluster_config", None) or []:
+        if not path.exists() and getattr(args, "allow_missing", False):
+            continue  # prune --allow-missing: references.py warns and goes on.
+        if not path.exists():
+            raise UserError(
+                f"cluster config {path} does not exist (prune: --allow-missing to go on without it)"
+            )
+        pcluster_config.load_config(path)
 
 
 def _config_change(args: argparse.Namespace) -> ConfigChange:
@@ -366,6 +386,7 @@ def _bake_and_publish(args: argparse.Namespace, options: bake.BakeOptions) -> in
 
 
 def _bake(args: argparse.Namespace) -> int:
+    _check_configs(args)
     if args.local:
         # The lab is a checkout's test double (lab/ in the repository), not part of this package.
         raise UserError(LOCAL_MOVED)
@@ -373,6 +394,7 @@ def _bake(args: argparse.Namespace) -> int:
 
 
 def _rebuild(args: argparse.Namespace) -> int:
+    _check_configs(args)
     options = _options(args)
     if args.if_stale:
         # Judged by what is published (what nodes launch), never by the newest image: an image a
@@ -442,6 +464,7 @@ def _current_candidate(
 
 
 def _publish(args: argparse.Namespace) -> int:
+    _check_configs(args)
     _publish_image(args, args.ami)
     print(args.ami)
     return 0
@@ -457,6 +480,7 @@ def _pipeline_role(args: argparse.Namespace) -> int:
 
 
 def _prune(args: argparse.Namespace) -> int:
+    _check_configs(args)
     sources = references.Sources(
         parameters=[publish.default_parameter(args.flavor), *args.parameter],
         parameter_prefix=args.parameter_prefix,
@@ -593,6 +617,7 @@ def _canary(args: argparse.Namespace) -> int:
 
 
 def _promote(args: argparse.Namespace) -> int:
+    _check_configs(args)
     move = promote.promote(
         args.flavor, args.os, args.ami, args.region, args.cluster_config, ConfigChange(), args.force
     )
@@ -601,6 +626,7 @@ def _promote(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
+    _check_configs(args)
     move = promote.rollback(args.flavor, args.os, args.region, args.cluster_config, ConfigChange())
     print(*move.lines(), sep="\n")
     return 0

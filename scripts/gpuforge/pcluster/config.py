@@ -37,9 +37,24 @@ def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+# Keys only a cluster spec has (gpuforge.pcluster.generate's required fields), never a cluster config.
+_SPEC_KEYS = {"head_node", "queues"}
+
+
+def refuse_spec(data: dict[str, Any], path: Path) -> None:
+    """A cluster spec where a cluster config is wanted: say so, and how to write the config from it."""
+    if "Scheduling" not in data and "HeadNode" not in data and _SPEC_KEYS & set(map(str, data)):
+        raise UserError(
+            f"{path} is a cluster spec (head_node, queues), not a ParallelCluster cluster config: write the "
+            f"config with `gpuforge cluster-config generate {path} -o cluster.yaml` and pass cluster.yaml"
+        )
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """Parse a cluster config file (Region, Image, HeadNode, Scheduling, ...)."""
-    return load_yaml_mapping(path, "cluster config")
+    data = load_yaml_mapping(path, "cluster config")
+    refuse_spec(data, path)
+    return data
 
 
 def _round_trip() -> Any:
@@ -67,6 +82,7 @@ def load_document(path: Path) -> dict[str, Any]:
         raise UserError(f"cluster config {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise UserError(f"cluster config {path} must be a YAML mapping")
+    refuse_spec(data, path)
     return data
 
 
