@@ -73,7 +73,9 @@ def register(lab_sub: Any) -> None:
     p_status.add_argument("--json", action="store_true")
     p_status.set_defaults(handler=_status)
 
-    p_env = add("env", 'print shell exports for Ansible/boto3 against the lab: eval "$(gpuforge-lab env)"')
+    p_env = add(
+        "env", 'print shell exports for Ansible/boto3 against the lab: eval "$(gpuforge-lab env --name NAME)"'
+    )
     p_env.set_defaults(handler=_env)
 
     _register_images(lab_sub, add)

@@ -107,5 +107,8 @@ def _caller_module() -> str:
 CREDENTIALS_HINT = (
     "provide AWS credentials: set AWS_PROFILE (after `aws configure` or `aws sso login`), or "
     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run on an instance with an IAM role; "
-    'for the local lab: eval "$(gpuforge-lab env)"'
+    # The lab `make demo` starts is named demo (Makefile DEMO_LAB); `gpuforge-lab env` alone means the lab
+    # named default, which make demo never starts.
+    'for the local lab: eval "$(gpuforge-lab env --name demo)" (demo: the lab `make demo` starts; '
+    "another lab: its --name)"
 )
