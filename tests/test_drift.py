@@ -6,11 +6,14 @@ EC2 is moto_server (a test double); the nodes are real lab hosts.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from ansible_collections.gpuforge.gpu.plugins.module_utils import fast_path
 
 import labtools
 from gpuforge import versions
@@ -99,6 +102,12 @@ def test_an_edited_managed_file_is_reported_for_its_host_only(
             == 1
         )
         assert result.stdout.count("managed files as the roles would write them") == 1
+        # A file a converge writes (this play is no install playbook's): a converge of that host puts it back.
+        assert re.search(
+            rf"DRIFT: 1 managed file\(s\) differ from what the roles would write: {manifest}; "
+            r"to put them back: ansible-playbook site.yml --limit \S+ \(",
+            " ".join(result.stdout.split()),
+        ), result.stdout[-3000:]
         assert "has managed files that differ from what the roles would write" in result.stdout
         report_only = run_playbook(
             baked, "playbooks/drift.yml", *ONLY_COMMON, "-e", "gpuforge_drift_fail=false"
@@ -130,3 +139,40 @@ def test_installed_release_differing_from_the_image_is_drift(
 def _untag_lab_image(env: dict[str, str], tags: dict[str, str]) -> None:
     client, images = _lab_images(env)
     client.delete_tags(Resources=images, Tags=[{"Key": k} for k in tags])
+
+
+def test_a_file_of_the_install_phase_on_a_golden_node_needs_a_full_install(
+    baked: dict[str, str], tmp_path: Path, run_playbook: PlaybookRunner
+) -> None:
+    """The least remedy: the install play's file on a golden node (its converge skips that play) is put
+    back only by `-e gpuforge_full_install=true`; the same file on a node that is not golden by a converge.
+    The one role's play stands for the install playbook here under its name, bake.yml."""
+    _tag_lab_image(baked, versions.load().image_tags())
+    bake = tmp_path / "bake.yml"
+    bake.write_text((REPO / "molecule/default/converge.yml").read_text())
+    as_install = ["-e", json.dumps({"gpuforge_drift_playbooks": [str(bake)], "gpuforge_drift_fail": False})]
+    manifest = "/etc/gpuforge/manifest.json"
+    golden = "gpu-st-p5-48xlarge-1"
+    # This node's manifest says a whole install phase ran for the current pins and its type: golden.
+    done = fast_path.completed(versions.load().digest, ["p5.48xlarge"])
+    edit = (
+        f"import json; m = json.load(open('{manifest}')); m['completed'] = {done!r}; "
+        f"json.dump(m, open('{manifest}', 'w'))"
+    )
+    lab = baked["GPUFORGE_LAB"]
+    labtools.on(lab, golden, f"python3 -c {shlex.quote(edit)}")
+    try:
+        result = run_playbook(baked, "playbooks/drift.yml", *as_install)
+        assert result.returncode == 0, result.stdout[-3000:]
+        text = " ".join(result.stdout.split())
+        assert text.count("differ from what the roles would write") == 1, result.stdout[-3000:]
+        assert re.search(
+            rf"write: {manifest}; to put them back: ansible-playbook site.yml --limit \S+ "
+            r"-e gpuforge_full_install=true \(",
+            text,
+        ), result.stdout[-3000:]
+    finally:
+        drop = edit.replace(f"m['completed'] = {done!r}", "m.pop('completed', None)")
+        labtools.on(lab, golden, f"python3 -c {shlex.quote(drop)}")
+        repaired = run_playbook(baked, "molecule/default/converge.yml")
+        assert repaired.returncode == 0, repaired.stdout[-3000:]

@@ -43,8 +43,36 @@ def test_files_per_host_and_other_changes() -> None:
         ]
     )
     assert drift_files.drift_files(out) == {
-        "node-a": {"files": ["/etc/nccl.conf"], "other_changes": 1},
-        "node-b": {"files": ["/etc/x"], "other_changes": 0},
+        "node-a": {"files": ["/etc/nccl.conf"], "install_files": [], "other_changes": 1},
+        "node-b": {"files": ["/etc/x"], "install_files": [], "other_changes": 0},
+    }
+
+
+def test_files_the_install_playbook_writes_are_told_apart() -> None:
+    """Only an install run rewrites a file of the install play (a golden node's converge skips it); a
+    file of the fleet play is put back by any converge. The callback's play path is FILE:LINE."""
+    changed = {"changed": True, "diff": [{"before_header": "/etc/modprobe.d/nvidia.conf", "before": "x"}]}
+    fleet = {"changed": True, "diff": [{"before_header": "/etc/gpuforge/nccl.env", "before": "x"}]}
+    out = json.dumps(
+        {
+            "plays": [
+                {
+                    "play": {"id": "1", "path": "/c/gpuforge/gpu/playbooks/bake.yml:58"},
+                    "tasks": [{"hosts": {"n": changed}}],
+                },
+                {
+                    "play": {"id": "2", "path": "/c/gpuforge/gpu/playbooks/fleet.yml:7"},
+                    "tasks": [{"hosts": {"n": fleet}}],
+                },
+            ]
+        }
+    )
+    assert drift_files.drift_files(out) == {
+        "n": {
+            "files": ["/etc/gpuforge/nccl.env", "/etc/modprobe.d/nvidia.conf"],
+            "install_files": ["/etc/modprobe.d/nvidia.conf"],
+            "other_changes": 0,
+        }
     }
 
 
@@ -89,5 +117,9 @@ def test_two_playbooks_of_one_run_as_the_real_callback_prints_them(tmp_path: Pat
     with pytest.raises(json.JSONDecodeError):
         json.loads(proc.stdout[proc.stdout.index("{") :])
     assert drift_files.drift_files(proc.stdout) == {
-        "localhost": {"files": [str(target)], "other_changes": 2},
+        "localhost": {"files": [str(target)], "install_files": [], "other_changes": 2},
     }
+    # The play path the callback records (FILE:LINE) tells the install playbook's plays apart.
+    assert drift_files.drift_files(proc.stdout, install_playbook="one.yml")["localhost"]["install_files"] == [
+        str(target)
+    ]

@@ -65,13 +65,24 @@ def _plays(output: str) -> list[dict[str, Any]]:
     return list(plays.values())
 
 
-def drift_files(output: str) -> dict[str, dict[str, Any]]:
-    """{host: {"files": [paths, sorted], "other_changes": N}} from ansible.posix.json output."""
+def _playbook_name(play: dict[str, Any]) -> str:
+    """The file name of the playbook a play comes from (the callback's play path is FILE:LINE)."""
+    path = str((play.get("play") or {}).get("path") or "")
+    return path.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+
+
+def drift_files(output: str, install_playbook: str = "bake.yml") -> dict[str, dict[str, Any]]:
+    """{host: {"files": [...], "install_files": [...], "other_changes": N}} from ansible.posix.json output.
+
+    install_files are the files among them that a play of `install_playbook` writes (the install phase,
+    which a golden node's converge skips): only an install run puts those back.
+    """
     report: dict[str, dict[str, Any]] = {}
     for play in _plays(output):
+        install = _playbook_name(play) == install_playbook
         for task in play.get("tasks", []):
             for host, result in task.get("hosts", {}).items():
-                entry = report.setdefault(host, {"files": [], "other_changes": 0})
+                entry = report.setdefault(host, {"files": [], "install_files": [], "other_changes": 0})
                 items = result.get("results") if isinstance(result.get("results"), list) else [result]
                 for item in items:
                     if not isinstance(item, dict) or not item.get("changed"):
@@ -79,10 +90,13 @@ def drift_files(output: str) -> dict[str, dict[str, Any]]:
                     paths = _paths(item)
                     if paths:
                         entry["files"].extend(p for p in paths if p not in entry["files"])
+                        if install:
+                            entry["install_files"].extend(p for p in paths if p not in entry["install_files"])
                     else:
                         entry["other_changes"] += 1
     for entry in report.values():
         entry["files"].sort()
+        entry["install_files"].sort()
     return report
 
 
