@@ -163,8 +163,17 @@ def readme_commands(program: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("argv", readme_commands("gpuforge"), ids=lambda a: " ".join(a[:3]))
-def test_readme_gpuforge_commands_parse(argv: list[str]) -> None:
-    """Each `gpuforge` line of the README is a valid command line as written (parsed, not run)."""
+def test_readme_gpuforge_commands_parse(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `gpuforge` line of the README is a valid command line as written (parsed, not run), in a folder
+    with the files the commands read: the checkout's examples, what an earlier line writes (cluster.yaml)
+    and the user's own (a job log). Input files are checked at parse time."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    for arg in argv[1:]:
+        if arg.endswith((".yaml", ".yml", ".log")) and not (REPO / arg).exists():
+            (tmp_path / arg).touch()
+    monkeypatch.chdir(tmp_path)
     args = cli.build_parser().parse_args(argv[1:])
     assert callable(args.handler)
 
