@@ -78,6 +78,34 @@ def demo_lab() -> Iterator[str]:
         yield name
 
 
+SSHD_DOWN = block_after("A host whose `sshd` is down")
+
+
+def test_the_sshd_down_block_enters_the_namespaces_the_lab_uses() -> None:
+    """The page's nsenter line is the lab's own way in (gpuforge_lab.host.inside)."""
+    from gpuforge_lab import host
+
+    flags = " ".join(host.inside("PID")[3:])
+    assert 'nsenter --target "$(cut -d' in SSHD_DOWN and flags in SSHD_DOWN
+
+
+@pytest.mark.lab
+def test_the_sshd_down_block_brings_a_host_back(demo_lab: str) -> None:
+    """Runs before the after-demo block, which takes the lab down at its end."""
+    stop = labtools.gpuforge_lab(
+        "ssh", "--name", demo_lab, "gpu-st-p5-48xlarge-1", "--", "sudo systemctl stop ssh"
+    )
+    assert stop.returncode in (0, 255), stop.stderr
+    down = labtools.gpuforge_lab("ssh", "--name", demo_lab, "gpu-st-p5-48xlarge-1", "--", "true")
+    assert down.returncode != 0
+    result = fresh_shell(
+        "source .venv/bin/activate\n" + SSHD_DOWN.replace("--name demo", f"--name {demo_lab}")
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    back = labtools.gpuforge_lab("ssh", "--name", demo_lab, "gpu-st-p5-48xlarge-1", "--", "true")
+    assert back.returncode == 0, back.stderr
+
+
 @pytest.mark.lab
 def test_the_after_demo_block_runs_verbatim(demo_lab: str) -> None:
     script = AFTER_DEMO.replace("--name demo", f"--name {demo_lab}")
