@@ -436,9 +436,10 @@ def decide(policy: dict[str, Any], request: Request) -> str:
 # Unsourced and therefore modelled conservatively: whether the tags CopyImageTags carries over reach IAM as
 # aws:RequestTag. Nothing AWS publishes says they do (request tags are those of a request's
 # TagSpecifications, and packer-plugin-amazon v1.8.2 copies with CopyImageTags and no TagSpecifications:
-# common/step_ami_region_copy.go copyImageV2), so the copy's image and snapshots are authorized here with
-# no request tags at all, and tagging them as ec2:CreateTags with ec2:CreateAction=CopyImage and no request
-# tags either. A policy that passes this model passes whichever way AWS decides.
+# builder/common/step_ami_region_copy.go:215-222, copyImageV1), so such a copy's image and snapshots are
+# authorized here with no request tags at all, and tagging them as ec2:CreateTags with
+# ec2:CreateAction=CopyImage and no request tags either. gpuforge's own copies (images.copy_image) give
+# their tags as TagSpecifications, which are request tags.
 
 _PREFIXES = {
     "i-": "instance",
