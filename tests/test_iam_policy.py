@@ -293,7 +293,7 @@ COPY_TAGS = {
     "gpuforge:flavor": "dlami",
     "gpuforge:installed:nccl": "2.27.7",
 }
-GPUFORGE_COPY = [
+GPUFORGE_COPY: list[dict[str, Any]] = [
     {
         "action": "CopyImage",
         "region": "us-west-2",
@@ -312,7 +312,7 @@ GPUFORGE_COPY = [
 ]
 # bake._discard -> images.discard_build in the copy region after a failure: the copy and its snapshot, then
 # any snapshot still carrying the build id.
-GPUFORGE_DISCARD_COPY = [
+GPUFORGE_DISCARD_COPY: list[dict[str, Any]] = [
     {"action": "DescribeImages", "region": "us-west-2"},
     {"action": "DeregisterImage", "region": "us-west-2", "resources": {"ami-0b1de5c0ffee00008": COPY_TAGS}},
     {"action": "DeleteSnapshot", "region": "us-west-2", "resources": {"snap-0b1de5c0ffee00009": COPY_TAGS}},
