@@ -1,8 +1,9 @@
-"""gpuforge accept's node stage and Slurm plumbing without a cluster: node-check.sh run here against
-stand-in tools (TEST DOUBLES: a health script, fi_info replaying a recorded p5 listing, fi_pingpong,
-all_reduce_perf replaying a published nccl-tests log), its output judged by gpuforge.accept.nodecheck;
-scontrol's node lines; the multi-node environment; and the command's errors where Slurm is absent.
-The same run through real Slurm is tests/test_accept_lab.py."""
+"""gpuforge accept's node stage and Slurm plumbing without a cluster: gpuforge-accept-node.sh
+(scripts/slurm) run here against stand-in tools (TEST DOUBLES: a health script, fi_info replaying a
+recorded p5 listing, fi_pingpong, all_reduce_perf replaying a published nccl-tests log), its output
+judged by gpuforge.accept.nodecheck; scontrol's node lines; the multi-node environment; the command
+end to end against a Slurm test double; its errors where Slurm is absent. The same run through real
+Slurm is tests/test_accept_lab.py."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def health_report(status: str = "pass", check: str = "gpu_count", detail: str = 
 def node_check(
     tmp_path: Path, *, health: str, pingpong_fails: str = "", gpus: int = 8, efa: bool = True
 ) -> str:
-    """node-check.sh's output as srun --label prints task 0's, run here with the stand-ins."""
+    """gpuforge-accept-node.sh's output as srun --label prints task 0's, run here with the stand-ins."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     report = tmp_path / "health.json"
@@ -70,7 +71,7 @@ def node_check(
     all_reduce = stand_in(
         bin_dir, "all_reduce_perf", f'[[ -z "${{SLURM_PROCID:-}}" ]] || exit 7\ncat {NCCL_LOG}'
     )
-    script = REPO / "scripts/gpuforge/accept/node-check.sh"
+    script = REPO / stages.NODE_CHECK
     env = {**os.environ, "SLURMD_NODENAME": "gpu-st-p5-1", "SLURM_PROCID": "0"}
     proc = subprocess.run(
         ["bash", str(script), health_bin, "2", str(efa_dir), str(gpus), all_reduce, "8G", "20"],

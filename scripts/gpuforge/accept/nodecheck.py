@@ -1,4 +1,5 @@
-"""Stage 1's output, node by node, judged: what node-check.sh printed between its @@ markers.
+"""Stage 1's output, node by node, judged: what scripts/slurm/gpuforge-accept-node.sh printed between
+its @@ markers.
 
 The node stage is one srun step with one task per node and --label, so every line starts with its
 task's number; each task's first line names its Slurm node. Per node: the health checks' JSON

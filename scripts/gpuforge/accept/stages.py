@@ -1,9 +1,10 @@
 """The stages on a Slurm cluster: plan.Tester implemented with salloc/srun, each result judged.
 
-Stage 1 runs node-check.sh on every node (one task per node); the pairs and the doubling steps run
-all_reduce_perf over EFA with one process per node driving all of its GPUs (nccl-tests' -g), launched
-by srun --mpi=pmix as scripts/slurm/nccl-allreduce.sbatch launches it, with that script's
-environment (EFA provider forced, NCCL INIT/NET logging that the judge reads to prove EFA was used).
+Stage 1 runs scripts/slurm/gpuforge-accept-node.sh on every node (one task per node). The pairs and
+the doubling steps run all_reduce_perf over EFA with one process per node driving all of its GPUs
+(nccl-tests' -g), launched by srun --mpi=pmix as scripts/slurm/nccl-allreduce.sbatch launches it,
+with that script's environment (EFA provider forced, NCCL INIT/NET logging that the judge reads to
+prove EFA was used).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
+from gpuforge import paths
 from gpuforge.accept import nodecheck
 from gpuforge.accept.plan import Pair, Result
 from gpuforge.accept.slurm import Allocation, Slurm
+from gpuforge.errors import UserError
 from gpuforge.nccl.evaluate import Settings, Verdict
 from gpuforge.nccl.judge import Judgement, judge_log
 
@@ -39,8 +41,16 @@ NCCL_ENV = {
     "NCCL_DEBUG": "INFO",
     "NCCL_DEBUG_SUBSYS": "INIT,NET",
     "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
+    # Open MPI's own messages off EFA and off Docker's bridge, and the PMIx datastore slurmstepd's and
+    # Open MPI's PMIx share (the script says why, with its sources).
+    "OMPI_MCA_pml": "^cm",
+    "OMPI_MCA_btl": "tcp,self",
+    "OMPI_MCA_btl_tcp_if_exclude": "lo,docker0,veth_def_agent",
+    "PMIX_MCA_gds": "hash",
 }
 POLL_S = 2.0
+# What every node runs in stage 1 (the wheel carries scripts/slurm with the collection).
+NODE_CHECK = "scripts/slurm/gpuforge-accept-node.sh"
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,12 @@ Progress = Callable[[str], None]
 
 
 def node_check_script() -> str:
-    return resources.files("gpuforge.accept").joinpath("node-check.sh").read_text()
+    """scripts/slurm/gpuforge-accept-node.sh, from the checkout or the installed collection."""
+    path = paths.share_root() / NODE_CHECK
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 class SlurmTester:
@@ -137,7 +152,7 @@ class SlurmTester:
         log = self.slurm.workdir / "node-stage.log"
         try:
             command = [
-                "bash", "-c", node_check_script(), "node-check",
+                "bash", "-c", node_check_script(), "gpuforge-accept-node",
                 o.health, str(o.dcgm_level), o.efa_bin, str(o.gpus), o.all_reduce, o.max_bytes, str(o.iters),
             ]  # fmt: skip
             proc = self.slurm.start_step(

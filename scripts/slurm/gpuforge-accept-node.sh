@@ -1,12 +1,12 @@
 #!/bin/bash
 # gpuforge accept, stage 1: one node alone. `gpuforge accept` runs this on every node at once, one Slurm
-# task per node, and reads what it prints between its @@ markers (gpuforge.accept.nodecheck):
+# task per node, and reads what it prints between its @@ markers (gpuforge.accept.nodecheck); it is passed to each task as `bash -c`, so no node needs a copy:
 #   1. the node's health checks, deep: gpuforge-health --json at the dcgmi diag level asked for;
 #   2. every EFA device's loopback: fi_pingpong server and client on this node, over that device;
 #   3. an all_reduce over the node's own GPUs (NVLink), judged against the type's 1-node baseline.
 # It judges nothing itself and always exits 0: a step that fails would only hide what it printed.
 #
-# Usage: node-check.sh HEALTH DCGM_LEVEL EFA_BIN GPUS ALL_REDUCE MAX_BYTES ITERS
+# Usage: gpuforge-accept-node.sh HEALTH DCGM_LEVEL EFA_BIN GPUS ALL_REDUCE MAX_BYTES ITERS
 set -u
 
 health="$1" dcgm_level="$2" efa_bin="$3" gpus="$4" all_reduce="$5" max_bytes="$6" iters="$7"
