@@ -332,7 +332,7 @@ def test_fake_slurm_healthy_nodes_are_accepted_and_nothing_drained(
     assert len(allocations) == 4 and all("--exclusive" in c and "--no-kill" in c for c in allocations)
     multi = [c for c in calls if c[0] == "srun" and "--mpi=pmix" in c]
     assert multi and all(f"NCCL_SOCKET_IFNAME={stages.NCCL_ENV['NCCL_SOCKET_IFNAME']}" in c for c in multi)
-    assert all("--gpus-per-node=8" in c for c in calls if c[0] == "srun")
+    assert all("--gpus-per-node=8" in c for c in calls if c[0] in ("salloc", "srun"))
 
 
 @pytest.mark.slow

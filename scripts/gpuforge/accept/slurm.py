@@ -151,8 +151,9 @@ class Slurm:
         self.time_limit_min = time_limit_min
         self.job_name = job_name
 
-    def allocate(self, nodes: Sequence[str], stage: str) -> Allocation:
-        """One exclusive allocation of exactly these nodes; returns once Slurm granted it."""
+    def allocate(self, nodes: Sequence[str], stage: str, gpus_per_node: int) -> Allocation:
+        """One exclusive allocation of exactly these nodes (with their GPUs, where Slurm lists them as
+        GRES: --exclusive alone does not hand them to the job); returns once Slurm granted it."""
         argv = [
             "salloc",
             "--no-shell",
@@ -165,6 +166,8 @@ class Slurm:
         ]
         if self.partition:
             argv.append(f"--partition={self.partition}")
+        if gpus_per_node:
+            argv.append(f"--gpus-per-node={gpus_per_node}")
         proc = _run(argv, timeout=self.time_limit_min * 60)
         match = _GRANTED_RE.search(proc.stderr + proc.stdout)
         if match is None:

@@ -148,7 +148,7 @@ class SlurmTester:
 
     def nodes_alone(self, nodes: Sequence[str]) -> Mapping[str, Result]:
         o = self.options
-        allocation = self.slurm.allocate(nodes, "node")
+        allocation = self.slurm.allocate(nodes, "node", o.gres_gpus)
         log = self.slurm.workdir / "node-stage.log"
         try:
             command = [
@@ -172,7 +172,7 @@ class SlurmTester:
     def pairs(self, pairs: Sequence[Pair]) -> Mapping[Pair, Result]:
         self._round += 1
         members = [n for p in pairs for n in p]
-        allocation = self.slurm.allocate(members, f"pairs-{self._round}")
+        allocation = self.slurm.allocate(members, f"pairs-{self._round}", self.options.gres_gpus)
         logs = [self.slurm.workdir / f"pair-r{self._round}-{a}-{b}.log" for a, b in pairs]
         try:
             procs = [self._all_reduce(allocation, pair, log) for pair, log in zip(pairs, logs, strict=True)]
@@ -184,7 +184,7 @@ class SlurmTester:
         }
 
     def step(self, nodes: Sequence[str]) -> Result:
-        allocation = self.slurm.allocate(nodes, f"doubling-{len(nodes)}")
+        allocation = self.slurm.allocate(nodes, f"doubling-{len(nodes)}", self.options.gres_gpus)
         log = self.slurm.workdir / f"doubling-{len(nodes)}.log"
         try:
             (rc,) = self._wait([self._all_reduce(allocation, nodes, log)], f"stage 3/3: {len(nodes)} nodes")
