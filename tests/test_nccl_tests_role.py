@@ -70,6 +70,32 @@ def _wanted(case_dir: Path, mpi_h: bytes) -> dict[str, str]:
     }
 
 
+def standin_base_build(version: str | None, *, mpi: bool = True, extra: tuple[str, ...] = ()) -> bytes:
+    """TEST DOUBLE of a base image's all_reduce_perf as the role reads it: the strings a 2.17.4+ build
+    carries (the banner's format, NCCL_TESTS_VERSION, libmpi among its needed libraries), NUL-separated
+    as in the binary's string tables, amid other bytes. None: a build from before the banner (no release
+    string, no banner)."""
+    strings = [b"\x7fELF\x02\x01\x01", b"libcudart.so.13", b"libnccl.so.2"]
+    if mpi:
+        strings.append(b"libmpi.so.40")
+    if version is not None:
+        strings += [b"# nccl-tests version %s nccl-headers=%d nccl-library=%d\n", version.encode()]
+    strings += [release.encode() for release in extra]
+    strings.append(b"GCC: (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0")
+    return b"\0".join(strings) + b"\0"
+
+
+# A base image's build: (release in its banner or None, links libmpi, other X.Y.Z strings in it)
+BASES: dict[str, tuple[str | None, bool, tuple[str, ...]]] = {
+    "base-newer-than-pin": ("9.1.0", True, ()),
+    "base-at-pin": (PIN, True, ()),
+    "base-below-floor": ("2.17.3", True, ()),
+    "base-before-the-banner": (None, True, ()),
+    "base-without-mpi": ("2.18.0", False, ()),
+    "base-release-ambiguous": ("9.1.0", True, ("9.2.0",)),
+    "gpuforge-build-beside-base": ("9.1.0", True, ()),
+}
+
 # case -> (record to leave, or None; binary present; mpi.h present; extra role variables)
 CASES: dict[str, tuple[dict[str, str] | None, bool, bool, dict[str, Any]]] = {
     "fresh-host": (None, False, True, {}),
@@ -81,6 +107,8 @@ CASES: dict[str, tuple[dict[str, str] | None, bool, bool, dict[str, Any]]] = {
     "no-mpi": (None, False, False, {}),
     "bad-version": (None, False, True, {"nccl_tests_version": "latest"}),
     "bad-sha": (None, False, True, {"nccl_tests_source_sha256": "abc"}),
+    **{case: (None, False, True, {}) for case in BASES if case != "gpuforge-build-beside-base"},
+    "gpuforge-build-beside-base": ({}, True, True, {}),
 }
 EXPECTED: dict[str, tuple[str, bool] | str] = {
     "fresh-host": ("install", True),
@@ -92,7 +120,19 @@ EXPECTED: dict[str, tuple[str, bool] | str] = {
     "no-mpi": "include/mpi.h does not exist",
     "bad-version": "must be exact nccl-tests releases",
     "bad-sha": "is not a sha256",
+    # A base image's build at or above the floor, linking MPI, is used as it is (nothing built) ...
+    "base-newer-than-pin": ("adopt", False),
+    "base-at-pin": ("keep", False),
+    # ... else the pin is built.
+    "base-below-floor": ("install", True),
+    "base-before-the-banner": ("install", True),
+    "base-without-mpi": ("install", True),
+    "base-release-ambiguous": ("install", True),
+    # gpuforge's own build is judged first: the base's is not adopted over it.
+    "gpuforge-build-beside-base": ("keep", False),
 }
+# Where the decision uses the base image's build in place (<prefix>/build links to it).
+ADOPTED = {"base-newer-than-pin", "base-at-pin"}
 
 
 FRESH = "check-mode-fresh-host"
@@ -100,7 +140,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 DEBIAN = yaml.safe_load((ROLE / "vars/Debian.yml").read_text())
 
 
-def _prepare(root: Path, case: str) -> dict[str, str]:
+def _prepare(root: Path, case: str) -> dict[str, Any]:
     base = root / case
     recorded, binary, mpi, _ = CASES[case]
     (base / "cuda-13.0").mkdir(parents=True)
@@ -115,7 +155,15 @@ def _prepare(root: Path, case: str) -> dict[str, str]:
         (base / "prefix/build/all_reduce_perf").chmod(0o755)
     if recorded is not None:
         (base / "prefix/gpuforge-build.json").write_text(json.dumps({**_wanted(base, mpi_h), **recorded}))
+    if case in BASES:
+        release, links_mpi, extra = BASES[case]
+        (base / "base-build").mkdir()
+        (base / "base-build/all_reduce_perf").write_bytes(
+            standin_base_build(release, mpi=links_mpi, extra=extra)
+        )
+        (base / "base-build/all_reduce_perf").chmod(0o755)
     return {
+        "nccl_tests_base_dirs": [str(base / "no-such-dir"), str(base / "base-build")],
         "nccl_tests_prefix": str(base / "prefix"),
         "nccl_tests_cuda_home": str(base / "cuda"),
         "nccl_tests_mpi_home": str(base / "mpi"),
@@ -172,6 +220,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     "action": "{{ gpuforge_reality.nccl_tests.action }}",
                     "build": "{{ _nccl_tests_build_needed | bool }}",
                     "source": "{{ gpuforge_reality.nccl_tests.source }}",
+                    "version": "{{ gpuforge_reality.nccl_tests.version }}",
+                    "adopted_dir": "{{ _nccl_tests_adopted_dir }}",
                 },
             )
         ]
@@ -198,10 +248,17 @@ def test_build_decision(outcomes: dict[str, Any], case: str) -> None:
         assert expected in got
         return
     action, build = expected
+    adopted_dir = got.pop("adopted_dir")
+    version = got.pop("version")
     assert got == {"action": action, "build": build, "source": "gpuforge"} or (
         # keep: the source stays what the previous manifest said (none here: base_image by default).
-        action == "keep" and got == {"action": action, "build": build, "source": "base_image"}
+        action in ("keep", "adopt") and got == {"action": action, "build": build, "source": "base_image"}
     )
+    assert adopted_dir.endswith("/base-build") == (case in ADOPTED), adopted_dir
+    if case in ADOPTED:
+        assert version == BASES[case][0]
+    elif build:
+        assert version == PIN
 
 
 @pytest.mark.slow
@@ -342,3 +399,32 @@ def test_sbatch_runs_what_the_role_installs() -> None:
     assert "roles/nccl_tests" in text
     if shutil.which("shellcheck"):
         subprocess.run(["shellcheck", "-s", "bash", str(SBATCH)], check=True)
+
+
+def _exports(text: str) -> dict[str, str]:
+    """The defaults the script exports (NAME="${NAME:-default}" or NAME=value), by name."""
+    found = {}
+    for name, value in re.findall(r'^export (\w+)="?([^"\n]*)"?$', text, re.MULTILINE):
+        default = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
+        found[name] = default.group(1) if default else value
+    return found
+
+
+def test_sbatch_sets_what_an_srun_launch_of_the_efa_open_mpi_needs() -> None:
+    """Under srun there is no mpirun to pass --mca flags: the script exports what AWS passes when it launches
+    nccl-tests with the EFA installer's Open MPI (pml ^cm: the EFA guide; btl tcp,self and the TCP interfaces
+    to leave out: the AMI sample), and the PMIx datastore both PMIx releases of an srun launch share
+    (slurmstepd's and Open MPI 4.1's; open-mpi/ompi#7516). Each is a default the caller can override."""
+    text = SBATCH.read_text()
+    exports = _exports(text)
+    assert {name: exports.get(name) for name in ("OMPI_MCA_pml", "OMPI_MCA_btl", "PMIX_MCA_gds")} == {
+        "OMPI_MCA_pml": "^cm",
+        "OMPI_MCA_btl": "tcp,self",
+        "PMIX_MCA_gds": "hash",
+    }
+    # Docker's bridge has the same address on every DLAMI node; loopback never reaches a peer.
+    assert {"lo", "docker0"} <= set(exports["OMPI_MCA_btl_tcp_if_exclude"].split(","))
+    for name in ("OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_btl_tcp_if_exclude", "PMIX_MCA_gds"):
+        assert f'export {name}="${{{name}:-' in text, f"{name} must stay overridable"
+    # Exported before the one srun that starts the ranks.
+    assert max(text.index(f"export {name}=") for name in exports) < text.index("\nsrun --mpi=pmix")

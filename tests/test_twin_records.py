@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import twinlab
-from gpuforge import paths
+from gpuforge import paths, versions
 
 COMPONENTS = {
     "nvidia_driver",
@@ -26,6 +26,7 @@ COMPONENTS = {
     "efa_installer",
     "aws_ofi_nccl",
     "nccl",
+    "nccl_tests",
     "dcgm",
     "gdrcopy",
     "nvidia_container_toolkit",
@@ -125,6 +126,24 @@ def test_pcluster_twin_carries_the_dcgm_packages_the_cookbook_installs() -> None
     assert set(dcgm["packages"].values()) == {f"1:{dcgm['version']}-1"}
 
 
+def test_dlami_twins_carry_the_dlamis_own_nccl_tests_and_nccl() -> None:
+    """The DLAMI ships nccl-tests built for its CUDA 13.0 and EFA stack, and the NCCL it is built with
+    outside dpkg, where AWS's sample runs them (awsome-distributed-training nccl-tests-ami.sbatch lines
+    16-17); the nccl_tests role looks there by default. The ParallelCluster AMI carries none."""
+    defaults = yaml.safe_load((paths.repo_root() / "roles/nccl_tests/defaults/main.yml").read_text())
+    cuda = versions.load().version("cuda")
+    default_dir = defaults["nccl_tests_base_dirs"][0].replace("{{ gpuforge_versions.cuda.version }}", cuda)
+    for name in TWINS:
+        twin = twinlab.load(name)
+        tests = twin.component("nccl_tests")
+        assert (tests is not None) == (twin.flavor == "dlami"), name
+        if tests is not None:
+            assert tests["directory"] == default_dir == "/usr/local/cuda-13.0/efa/test-cuda-13.0"
+            assert tests["nccl"]["library"] == "/usr/local/cuda-13.0/lib/libnccl.so.2"
+            assert tests["links_mpi"] is True
+            assert "13.0" in (twin.component("cuda") or {}).get("versions", [])
+
+
 def test_digest_changes_with_the_record() -> None:
     twin = twinlab.load("dlami-ubuntu2204")
     edited = twinlab.Twin(twin.name, twin.record, twin.text + b"# edited\n")
@@ -176,6 +195,15 @@ def test_overlay_reads_back_as_the_roles_read_the_real_image(name: str, tmp_path
     assert out.symlinks["usr/local/cuda"] == f"cuda-{cuda['default']}"
     for version in cuda["versions"]:
         assert f"usr/local/cuda-{version}/include/cuda.h" in files
+
+    tests = twin.component("nccl_tests")
+    if tests is not None:
+        # The nccl_tests role's probe: one NUL-delimited X.Y.Z beside the 2.17.4+ banner, libmpi named.
+        binary = files[f"{tests['directory'].lstrip('/')}/all_reduce_perf"]
+        assert binary.startswith(b"\x7fELF") and b"# nccl-tests version %s" in binary
+        assert re.findall(rb"(?<=\0)([0-9]+\.[0-9]+\.[0-9]+)(?=\0)", binary) == [tests["version"].encode()]
+        assert (b"libmpi.so" in binary) == tests["links_mpi"]
+        assert tests["nccl"]["library"].lstrip("/") in files
 
     assert ("opt/parallelcluster/.bootstrapped" in files) == (twin.flavor == "pcluster")
 

@@ -378,6 +378,17 @@ def expected_installed(record: twinlab.Twin) -> dict[str, dict[str, str]]:
             expected[component] = {"version": recorded["version"], "source": "base_image"}
         else:
             expected[component] = {"version": policy[component]["version"], "source": "gpuforge"}
+    # The base image's own nccl-tests build (the DLAMI's), used in place at or above the floor when it
+    # links MPI; else the pin, built.
+    tests = record.component("nccl_tests")
+    if (
+        tests is not None
+        and tests["links_mpi"]
+        and twinlab.at_least(tests["version"], policy["nccl_tests"]["floor"])
+    ):
+        expected["nccl_tests"] = {"version": tests["version"], "source": "base_image"}
+    else:
+        expected["nccl_tests"] = {"version": policy["nccl_tests"]["version"], "source": "gpuforge"}
     return expected
 
 
@@ -395,6 +406,30 @@ def test_manifest_lists_the_actual_versions(
         for component in expected_installed(twins[name]["record"])
     }
     assert installed == expected_installed(twins[name]["record"])
+
+
+@needs_bake
+@pytest.mark.parametrize("name", NAMES)
+def test_nccl_tests_is_the_base_images_build_or_the_pin(
+    twins: dict[str, dict[str, Any]], baked: dict[str, dict[str, Any]], name: str
+) -> None:
+    """The DLAMI's own nccl-tests (recorded in its twin) is used where it is, /opt/nccl-tests/build
+    linking to it and nothing built; the ParallelCluster AMI has none, and the pin is built there."""
+    assert_baked(baked[name])
+    tests = twins[name]["record"].component("nccl_tests")
+    _, merged = host_tree(twins[name])
+    build = merged / "opt/nccl-tests/build"
+    stderr = baked[name]["first"].stderr
+    if expected_installed(twins[name]["record"])["nccl_tests"]["source"] == "base_image":
+        assert tests is not None
+        assert build.is_symlink() and str(build.readlink()) == tests["directory"]
+        assert not (merged / "opt/nccl-tests/gpuforge-build.json").exists()
+        assert "TASK [gpuforge.gpu.nccl_tests : Build with MPI" not in stderr
+    else:
+        assert not build.is_symlink() and (build / "all_reduce_perf").is_file()
+        assert json.loads((merged / "opt/nccl-tests/gpuforge-build.json").read_text())["version"] == (
+            versions.load().version("nccl_tests")
+        )
 
 
 @needs_bake

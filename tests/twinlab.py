@@ -126,6 +126,7 @@ def overlay(twin: Twin, kernel: str, workdir: Path) -> Overlay:
     _driver(out, twin.component("nvidia_driver"), kernel, workdir)
     _cuda(out, twin.component("cuda"))
     _efa(out, twin.component("efa_installer"), twin.component("aws_ofi_nccl"), workdir)
+    _nccl_tests(out, twin.component("nccl_tests"), workdir)
     for name in PACKAGED:
         _packages(out, name, twin.component(name))
     pcluster = twin.parallelcluster
@@ -245,6 +246,42 @@ def _efa(out: Overlay, efa: dict[str, Any] | None, plugin: dict[str, Any] | None
     if plugin is not None:
         # A real ELF shared object carrying the plugin's start-up banner, as the EFA fixture's is.
         out.add(plugin["library"], artifact_fixtures.standin_plugin(plugin["version"], workdir), 0o755)
+
+
+# A base image's own nccl-tests build: an ELF program carrying the strings the nccl_tests role reads
+# from the real one (the 2.17.4+ banner format, NCCL_TESTS_VERSION, libmpi among its needed libraries);
+# run, it says it is a stand-in and fails. The NCCL it was built with, outside dpkg, is a marked file at
+# its recorded path (nothing loads it: no role reads that NCCL).
+NCCL_TESTS_STANDIN = """/* {marker}: stands in for a base image's all_reduce_perf; runs no collective. */
+#include <stdio.h>
+__attribute__((used)) static const char banner[] =
+    "# nccl-tests version %s nccl-headers=%d nccl-library=%d\\n";
+__attribute__((used)) static const char release[] = "{version}";
+__attribute__((used)) static const char needed[] = "{needed}";
+int main(void) {{
+    fprintf(stderr, "{marker}: all_reduce_perf stand-in, no GPU\\n");
+    return 1;
+}}
+"""
+
+
+def _nccl_tests(out: Overlay, tests: dict[str, Any] | None, workdir: Path) -> None:
+    if tests is None:
+        return
+    source = workdir / "all_reduce_perf.c"
+    source.write_text(
+        NCCL_TESTS_STANDIN.format(
+            marker=MARKER,
+            version=tests["version"],
+            needed="libmpi.so.40" if tests["links_mpi"] else "libc.so.6",
+        )
+    )
+    binary = workdir / "all_reduce_perf"
+    subprocess.run([_compiler(), "-O0", "-o", str(binary), str(source)], check=True, capture_output=True)
+    out.add(f"{tests['directory']}/all_reduce_perf", binary.read_bytes(), 0o755)
+    nccl = tests.get("nccl")
+    if nccl:
+        out.add(nccl["library"], f"{MARKER}: NCCL built outside dpkg, recorded; nothing inside\n")
 
 
 # Files each recorded package carries besides its marker, by package name.
