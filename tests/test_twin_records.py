@@ -144,6 +144,78 @@ def test_dlami_twins_carry_the_dlamis_own_nccl_tests_and_nccl() -> None:
             assert "13.0" in (twin.component("cuda") or {}).get("versions", [])
 
 
+def _cli_pin() -> str:
+    pinned = re.search(
+        r"^aws-parallelcluster==(\S+)$",
+        (paths.repo_root() / "requirements/constraints.txt").read_text(),
+        re.MULTILINE,
+    )
+    assert pinned is not None
+    return pinned[1]
+
+
+def test_pcluster_next_release_is_recorded_beside_the_cli_release() -> None:
+    """ParallelCluster 3.16.3's AMI, recorded beside 3.16.1's while the CLI stays at 3.16.1 (the newest
+    on the package index): what its release notes change (driver and fabric manager 595.112.07, EFA
+    installer 1.51.0 with aws-ofi-nccl 1.22.0, marker and tags), every other row 3.16.1's. Once the CLI
+    pin reaches it, the record must be folded into the twin the lab bakes."""
+    twin = twinlab.load("pcluster-ubuntu2204")
+    upcoming = twin.record["next_release"]
+    assert upcoming["release"] == "3.16.3"
+    assert not twinlab.at_least(_cli_pin(), upcoming["release"]), (
+        f"the CLI pin reached {upcoming['release']}: fold next_release into the twin's record"
+    )
+    assert "https://github.com/aws/aws-parallelcluster/releases/tag/v3.16.3" in upcoming["sources"]
+    assert all(source.startswith("https://") for source in upcoming["sources"])
+    nxt = twinlab.release(twin)
+    assert nxt.name == "pcluster-ubuntu2204-3.16.3" and nxt.image != twin.image
+    versions_of = {name: (nxt.component(name) or {}).get("version") for name in twin.record["components"]}
+    assert {name: versions_of[name] for name in upcoming["components"]} == {
+        "nvidia_driver": "595.112.07",
+        "nvidia_fabricmanager": "595.112.07",
+        "efa_installer": "1.51.0",
+        "aws_ofi_nccl": "1.22.0",
+    }
+    for name in set(twin.record["components"]) - set(upcoming["components"]):
+        assert nxt.component(name) == twin.component(name), name
+    pcluster = nxt.parallelcluster
+    assert pcluster is not None and pcluster["marker"] == "aws-parallelcluster-cookbook-3.16.3"
+    assert pcluster["tags"]["parallelcluster:version"] == "3.16.3"
+    assert pcluster["units"] == (twin.parallelcluster or {})["units"]
+    for component, value in upcoming["components"].items():
+        for version in [value["version"], *(value.get("packages") or {}).values()]:
+            assert re.match(r"^([0-9]+:)?[0-9]+(\.[0-9]+)+(-[0-9A-Za-z.+~]+)?$", str(version)), component
+
+
+BASES = {"x86_64", "aarch64", "unsourced"}
+
+
+@pytest.mark.parametrize("name", [name for name in TWINS if name.startswith("dlami-")])
+def test_every_dlami_row_says_where_it_comes_from(name: str) -> None:
+    """The DLAMI twins take some rows from an aarch64 page (no x86_64 notes of those releases are
+    reachable): every component row (and the OS) says whether it is an x86_64 fact, an aarch64
+    stand-in or unsourced, and names its source where it has one; an x86_64 row never cites an
+    aarch64 page, an aarch64 row cites one the record declares under gaps."""
+    record = twinlab.load(name).record
+    provenance = record["provenance"]
+    rows = {component for component, value in record["components"].items() if value is not None}
+    assert set(provenance) == rows | {"os_release"}
+    gaps = " ".join(record["base"]["gaps"])
+    for row, origin in provenance.items():
+        assert origin["basis"] in BASES, row
+        source = str(origin.get("source", ""))
+        if origin["basis"] == "unsourced":
+            assert "note" in origin and not source.startswith("https://"), row
+            continue
+        assert source, row
+        if source.startswith("https://"):
+            assert source in record["base"]["sources"], (row, source)
+        arm = "arm64" in source or "aarch64" in source
+        assert arm == (origin["basis"] == "aarch64"), (row, source)
+        if arm:
+            assert source in gaps, (row, source)
+
+
 def test_digest_changes_with_the_record() -> None:
     twin = twinlab.load("dlami-ubuntu2204")
     edited = twinlab.Twin(twin.name, twin.record, twin.text + b"# edited\n")
@@ -151,9 +223,10 @@ def test_digest_changes_with_the_record() -> None:
 
 
 @needs_build_tools
-@pytest.mark.parametrize("name", TWINS)
+@pytest.mark.parametrize("name", [*TWINS, "pcluster-ubuntu2204 next_release"])
 def test_overlay_reads_back_as_the_roles_read_the_real_image(name: str, tmp_path: Path) -> None:
-    twin = twinlab.load(name)
+    base, _, upcoming = name.partition(" ")
+    twin = twinlab.release(twinlab.load(base)) if upcoming else twinlab.load(base)
     out = twinlab.overlay(twin, "6.8.0-twin", tmp_path)
     files = {path: content for path, (content, _) in out.files.items()}
 

@@ -91,6 +91,23 @@ def load(name: str) -> Twin:
     return Twin(name, record, text)
 
 
+def release(twin: Twin) -> Twin:
+    """The twin of the release a record holds beside its own (next_release: a base image gpuforge's CLI
+    pin cannot use yet): its components and ParallelCluster marker and tags replace the recorded ones,
+    every other row is the recorded release's. Named <name>-<release>, so its lab image is its own."""
+    upcoming = twin.record.get("next_release")
+    if not upcoming:
+        raise ValueError(f"{twin.name}: the record holds no next_release")
+    record = dict(twin.record)
+    record["base"] = {**record["base"], "image": upcoming["image"]}
+    record["components"] = {**record["components"], **upcoming["components"]}
+    if record.get("parallelcluster"):
+        record["parallelcluster"] = {**record["parallelcluster"], **upcoming.get("parallelcluster", {})}
+    name = f"{twin.name}-{upcoming['release']}"
+    record["name"] = name
+    return Twin(name, record, twin.text + f"\n# next_release {upcoming['release']}\n".encode())
+
+
 # What a twin adds to the tree: files (path -> (content, mode)) and dummy packages.
 
 
