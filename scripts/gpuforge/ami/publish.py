@@ -138,7 +138,7 @@ def _patch_one(
     if config_region is not None and config_region != region:
         raise UserError(
             f"cluster config {path} is for {config_region}, the image is in {region}: "
-            "publish with --region of the cluster, or copy the image there (ami_regions)"
+            "publish with --region of the cluster, or copy the image there (bake --copy-region)"
         )
     result = rollout.patch(document, ami_id, facts, change, f"cluster config {path}")
     return PatchedConfig(path, result.document, result.plan)
