@@ -23,11 +23,12 @@ APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client git gnupg 
 
 PY_SOURCES := scripts lab tests molecule bench plugins
 
-.PHONY: help setup lab-rootfs demo test lint pytest molecule lab-down clean
+.PHONY: help setup lab-rootfs demo test unit lint pytest molecule lab-down clean
 
 help:
 	@echo "make demo   - set up, start the local lab ($(DEMO_NODES) hosts + emulated EC2) and run site.yml on it"
 	@echo "make test   - set up, then run every check (lint, pytest, molecule) side by side, with a timing table"
+	@echo "make unit   - set up, then the unit layer alone (no lab, no playbook; about a minute)"
 	@echo "make lint | pytest | molecule | lab-down"
 
 setup: $(STAMPS)/apt $(STAMPS)/venv
@@ -82,6 +83,11 @@ demo: setup lab-rootfs
 # GPUFORGE_CI_JOBS caps how many phases run at once. `make pytest` / `make molecule` stay serial.
 test:
 	python3 scripts/ci/testrun.py
+
+# The unit layer (scripts/ci/schedule.py: the tests the committed timings record as fast and
+# playbook-free), one shard per CPU, as `make test` starts it first.
+unit: setup
+	python3 scripts/ci/testrun.py --skip-setup --only "pytest unit-"
 
 lint: setup
 	ruff check $(PY_SOURCES)

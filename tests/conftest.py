@@ -22,6 +22,9 @@ from gpuforge_lab.moto import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The unit layer's marker and selection, and the per-test timings the CI schedule is made from.
+pytest_plugins = ["timing_plugin"]
+
 # No test may ever ask the EC2 instance metadata service (169.254.169.254) for credentials or
 # a region: botocore would, whenever a test runs without credentials. Subprocesses inherit this.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
