@@ -77,7 +77,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 def accept(cluster: dict[str, Any], out: Path, *extra: str) -> Any:
     return gpuforge(
-        "accept", "--partition", "compute", "--instance-type", "p5.48xlarge", "--iters", "5",
+        "accept", "--nodes", ",".join(cluster["compute"]), "--instance-type", "p5.48xlarge", "--iters", "5",
         "--time-limit", "10", "--out", str(out), *extra,
         env={"PATH": f"{cluster['path']}:{os.environ['PATH']}"}, timeout=1200,
     )  # fmt: skip
