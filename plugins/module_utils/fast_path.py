@@ -1,6 +1,6 @@
 """The golden fast path's decision: may a node skip the install phase?
 
-The one implementation (DESIGN.md: reality vs policy hash + this node's type in targets): the bake
+The one implementation (docs/architecture.md#the-golden-fast-path): the bake
 play calls it through the filter gpuforge.gpu.fast_path (plugins/filter/fast_path.py) and the CLI
 through gpuforge.node_manifest.fast_path.
 

@@ -1,4 +1,4 @@
-"""The decisions gpuforge takes from the instance types an image is for (DESIGN.md: targets), once.
+"""The decisions gpuforge takes from the instance types an image is for, once (docs/architecture.md#targets).
 
 Every hardware-dependent install of a bake (fabric manager and libnvidia-nscq, the NVLink subnet
 manager, NVIDIA's open kernel modules, the aws-ofi-nccl plugin where EFA exists) follows the image's
