@@ -106,7 +106,7 @@ def test_the_unit_layer_is_what_the_record_measured_fast_and_without_a_playbook(
 def test_the_record_round_trips_and_is_one_test_a_line(tmp_path: Path) -> None:
     log = [
         '{"id": "tests/test_a.py::x", "seconds": 0.25, "child_cpu": 0, "started": {"git": 2}}',
-        '{"id": "tests/test_a.py::y", "seconds": 3.5, "child_cpu": 1, "started": {}}',
+        '{"id": "tests/test_a.py::y", "seconds": 3.5, "child_cpu": 1, "started": {}, "wall": 0.5}',
     ]
     tests = schedule.read_test_log(log)
     text = schedule.dump({"lint": 40.04}, tests, {"commit": "abc"})
@@ -114,6 +114,8 @@ def test_the_record_round_trips_and_is_one_test_a_line(tmp_path: Path) -> None:
     (tmp_path / "timings.json").write_text(text)
     back = schedule.load(tmp_path / "timings.json")
     assert back.tests == tests and back.phases == {"lint": 40.0} and back.measured == {"commit": "abc"}
+    # Alone, y counts its shared fixture in full (3.5 s); in the run it took 0.5 s: shards add that up.
+    assert back.module_seconds("tests/test_a.py", "rest") == 0.5
     assert schedule.load(tmp_path / "absent.json") == schedule.Record()
 
 

@@ -130,11 +130,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     before = Counter(_started)
     cpu, wall = _children_cpu(), time.monotonic()
     yield
-    own = time.monotonic() - wall - sum(_triggered)
+    elapsed = time.monotonic() - wall
+    own = elapsed - sum(_triggered)
     fixtures, fixture_started = _fixture_cost(item)
     record = {
         "id": item.nodeid,
         "seconds": round(max(own, 0.0) + fixtures, 3),
+        # What the test took in this run (a shared fixture counted once): what a shard's time adds up.
+        "wall": round(elapsed, 3),
         "child_cpu": round(_children_cpu() - cpu, 3),
         "started": dict(sorted(((_started - before) | fixture_started).items())),
     }

@@ -52,8 +52,17 @@ LAYERS = ("unit", "rest")
 
 @dataclass(frozen=True)
 class TestTiming:
+    """One test as measured: `seconds` as if it ran alone (every fixture it uses counted in full:
+    what the unit layer is judged by), the programs it and its fixtures started, and `wall`, what it
+    took in the measured run (a shared fixture counted once: what a shard's time adds up to)."""
+
     seconds: float
     started: frozenset[str] = frozenset()
+    wall: float | None = None
+
+    @property
+    def in_run(self) -> float:
+        return self.seconds if self.wall is None else self.wall
 
 
 @dataclass
@@ -84,7 +93,7 @@ class Record:
         ids = [t for t in self.tests if t.startswith(prefix)]
         if not ids:
             return UNKNOWN_TEST_SECONDS if layer == "rest" else 0.0
-        return sum(self.tests[t].seconds for t in ids if self.in_unit_layer(t) == (layer == "unit"))
+        return sum(self.tests[t].in_run for t in ids if self.in_unit_layer(t) == (layer == "unit"))
 
 
 def load(path: Path = RECORD) -> Record:
@@ -94,7 +103,11 @@ def load(path: Path = RECORD) -> Record:
     except (OSError, ValueError):
         return Record()
     tests = {
-        test_id: TestTiming(float(entry[0]), frozenset(entry[1].split(",")) if entry[1] else frozenset())
+        test_id: TestTiming(
+            float(entry[0]),
+            frozenset(entry[1].split(",")) if entry[1] else frozenset(),
+            float(entry[2]) if len(entry) > 2 else None,
+        )
         for test_id, entry in data.get("tests", {}).items()
     }
     return Record(
@@ -111,8 +124,20 @@ def read_test_log(lines: Iterable[str]) -> dict[str, TestTiming]:
         if not line.strip():
             continue
         entry = json.loads(line)
-        tests[entry["id"]] = TestTiming(float(entry["seconds"]), frozenset(entry.get("started", {})))
+        wall = entry.get("wall")
+        tests[entry["id"]] = TestTiming(
+            float(entry["seconds"]),
+            frozenset(entry.get("started", {})),
+            None if wall is None else float(wall),
+        )
     return tests
+
+
+def _entry(timing: TestTiming) -> list[float | str]:
+    entry: list[float | str] = [round(timing.seconds, 2), ",".join(sorted(timing.started))]
+    if timing.wall is not None and round(timing.wall, 2) != entry[0]:
+        entry.append(round(timing.wall, 2))
+    return entry
 
 
 def dump(phases: Mapping[str, float], tests: Mapping[str, TestTiming], measured: Mapping[str, str]) -> str:
@@ -120,10 +145,7 @@ def dump(phases: Mapping[str, float], tests: Mapping[str, TestTiming], measured:
     lines = ["{", f'  "measured": {json.dumps(dict(sorted(measured.items())))},']
     lines.append(f'  "phases": {json.dumps({k: round(v, 1) for k, v in sorted(phases.items())})},')
     lines.append('  "tests": {')
-    entries = [
-        f"    {json.dumps(test_id)}: {json.dumps([round(t.seconds, 2), ','.join(sorted(t.started))])}"
-        for test_id, t in sorted(tests.items())
-    ]
+    entries = [f"    {json.dumps(test_id)}: {json.dumps(_entry(t))}" for test_id, t in sorted(tests.items())]
     lines.append(",\n".join(entries))
     lines += ["  }", "}", ""]
     return "\n".join(lines)
