@@ -186,10 +186,16 @@ def test_the_multi_node_environment_is_the_sbatch_scripts() -> None:
     assert found == stages.NCCL_ENV
 
 
-def test_a_count_below_one_is_refused_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--iters", "0"], "0 must be at least 1"), (["--baseline", "/nonexistent/b.yml"], "does not exist")],
+)
+def test_bad_arguments_are_refused_by_argparse(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
-        gpuforge_cli.main(["accept", "--partition", "gpu", "--instance-type", "p5.48xlarge", "--iters", "0"])
-    assert exited.value.code == 2 and "0 must be at least 1" in capsys.readouterr().err
+        gpuforge_cli.main(["accept", "--partition", "gpu", "--instance-type", "p5.48xlarge", *extra])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_without_slurm_the_command_says_where_to_run(

@@ -11,7 +11,7 @@ from typing import Any
 from gpuforge import instance_types
 from gpuforge.accept import plan, report, slurm
 from gpuforge.accept.stages import Options, SlurmTester
-from gpuforge.cliargs import positive_int
+from gpuforge.cliargs import existing_file, positive_int
 from gpuforge.errors import UserError
 from gpuforge.nccl.evaluate import THRESHOLD, settings
 
@@ -51,7 +51,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--baseline",
-        type=Path,
+        type=existing_file,
         metavar="FILE",
         help="baseline file from `gpuforge nccl-baseline` instead of data/nccl_baselines.yml",
     )
