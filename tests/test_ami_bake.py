@@ -988,3 +988,16 @@ def test_bake_checks_cluster_configs_against_the_base_snapshot_size_by_default(
     config.write_text(json.dumps(small))
     assert cli.main([*argv, "--parameter", "/gpuforge/test/ami", "--cluster-config", str(config)]) == 0
     assert len(_builds(fake_packer)) == 1
+
+
+def test_bake_refuses_a_copy_region_ec2_does_not_offer_before_launching(
+    dlami_base: str, fake_packer: Path, tmp_path: Path
+) -> None:
+    """packer-plugin-amazon v1.8.2 checked ami_regions against DescribeRegions before launching
+    (builder/common/step_pre_validate.go:70-80, regions.go:29-50); gpuforge's own copies keep that check."""
+    bad = r"--copy-region eu-nowhere-9, us-nowhere-1: not a region enabled"
+    with pytest.raises(UserError, match=bad) as caught:
+        bake.bake_aws(_options(tmp_path, ami_regions=("eu-nowhere-9", "eu-west-1", "us-nowhere-1")))
+    assert "eu-west-1," in str(caught.value) and "us-west-2" in str(caught.value)
+    assert _builds(fake_packer) == []
+    assert _gpuforge_images() == []

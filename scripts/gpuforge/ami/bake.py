@@ -386,6 +386,7 @@ def bake_aws(options: BakeOptions) -> images.Image:
     image_targets = options.resolve_targets(manifest)
     base = resolve_base(options)
     check_root_volume(options, base)
+    images.check_copy_regions(options.ami_regions, region)
     # Before anything is launched: a Packer the pipeline policy would stop halfway is refused here.
     packer = Packer.find()
     require_for_aws(packer)

@@ -219,6 +219,34 @@ def deregister(image: Image, region: str | None = None) -> None:
     LOG.info("deregistered %s (%s) and %d snapshot(s)", image.id, image.name, len(image.snapshot_ids))
 
 
+def enabled_regions(region: str | None = None) -> set[str]:
+    """The regions this account can use (EC2 DescribeRegions without AllRegions: the regions enabled for
+    it, opt-in ones only once opted in), asked in region."""
+    try:
+        reply = _ec2(region).describe_regions(AllRegions=False)
+    except (ClientError, BotoCoreError) as exc:
+        raise ExternalError(f"EC2 DescribeRegions in {region or aws.region()} failed: {exc}") from exc
+    return {r["RegionName"] for r in reply.get("Regions", [])}
+
+
+def check_copy_regions(regions: Iterable[str], region: str | None = None) -> None:
+    """Refuse, before anything is launched, copy regions this account cannot copy to (a typo, or an opt-in
+    region not enabled): the copy would fail only after the whole bake. packer-plugin-amazon v1.8.2 made
+    the same check of ami_regions before launching (builder/common/step_pre_validate.go:70-80,
+    builder/common/regions.go:29-50)."""
+    wanted = list(regions)
+    if not wanted:
+        return
+    known = enabled_regions(region)
+    bad = [r for r in wanted if r not in known]
+    if bad:
+        raise UserError(
+            f"--copy-region {', '.join(bad)}: not a region enabled for this account "
+            f"(EC2 DescribeRegions in {region or aws.region()} lists {', '.join(sorted(known))}); "
+            "fix the name, or enable the opt-in region first"
+        )
+
+
 def copy_image(image: Image, source_region: str, target_region: str, kms_key_id: str = "") -> str:
     """Copy image into target_region; return the copy's id. The copy and its new snapshots get the
     image's tags in the CopyImage call itself (TagSpecifications), so the copy's snapshots carry the build
