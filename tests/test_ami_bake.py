@@ -1001,3 +1001,48 @@ def test_bake_refuses_a_copy_region_ec2_does_not_offer_before_launching(
     assert "eu-west-1," in str(caught.value) and "us-west-2" in str(caught.value)
     assert _builds(fake_packer) == []
     assert _gpuforge_images() == []
+
+
+def _record_copy_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Record the CopyImage requests as boto3 sends them (after validation, before any retry)."""
+    seen: list[dict[str, Any]] = []
+    original = aws.client
+
+    def recording_client(service: str, region_name: str | None = None) -> Any:
+        client = original(service, region_name)
+        client.meta.events.register(
+            "provide-client-params.ec2.CopyImage", lambda params, **_: seen.append(dict(params))
+        )
+        return client
+
+    monkeypatch.setattr(aws, "client", recording_client)
+    return seen
+
+
+def _own_bake(build_id: str, description: str = "") -> images.Image:
+    """An image standing in for one gpuforge baked (tagged with its build id)."""
+    ami = _register_base("gpuforge-dlami-test")
+    ec2 = boto3.client("ec2")
+    ec2.create_tags(Resources=[ami], Tags=[{"Key": images.BUILD_ID_TAG, "Value": build_id}])
+    if description:
+        ec2.modify_image_attribute(ImageId=ami, Description={"Value": description})
+    return images.describe(ami)
+
+
+def test_copy_image_sends_a_client_token_per_build_and_region(
+    aws: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """boto3 retries a CopyImage whose reply was lost; without ClientToken EC2 would make a second copy
+    (Amazon EC2 API Reference, CopyImage ClientToken; "Ensuring idempotency")."""
+    seen = _record_copy_calls(monkeypatch)
+    image = _own_bake("0123456789ab")
+    images.copy_image(image, "us-east-1", "eu-west-1")
+    long_id = "b" * 70
+    images.copy_image(_own_bake(long_id), "us-east-1", "eu-west-1")
+    first, second = seen
+    assert first["ClientToken"] == "0123456789ab-eu-west-1"
+    token = second["ClientToken"]
+    assert len(token) <= 64 and token.isascii() and token != first["ClientToken"]
+    # The same build and region always give the same token, so a retry is recognized as one.
+    images.copy_image(image, "us-east-1", "eu-west-1")
+    assert seen[2]["ClientToken"] == first["ClientToken"]

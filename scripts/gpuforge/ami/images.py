@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable
 
@@ -247,6 +248,15 @@ def check_copy_regions(regions: Iterable[str], region: str | None = None) -> Non
         )
 
 
+def copy_client_token(build_id: str, target_region: str) -> str:
+    """CopyImage's idempotency token for one bake's copy to one region: EC2 takes up to 64 ASCII
+    characters (Amazon EC2 API Reference, "Ensuring idempotency"), so a longer one is hashed."""
+    token = f"{build_id}-{target_region}"
+    if len(token) <= 64 and token.isascii():
+        return token
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 def copy_image(image: Image, source_region: str, target_region: str, kms_key_id: str = "") -> str:
     """Copy image into target_region; return the copy's id. The copy and its new snapshots get the
     image's tags in the CopyImage call itself (TagSpecifications), so the copy's snapshots carry the build
@@ -268,6 +278,9 @@ def copy_image(image: Image, source_region: str, target_region: str, kms_key_id:
     if BUILD_ID_TAG not in image.tags:
         raise ExternalError(f"image {image.id} has no {BUILD_ID_TAG} tag: gpuforge copies only its own bakes")
     request: dict[str, object] = {
+        # boto3 retries a call whose reply was lost; the token makes EC2 answer a retry with the copy it
+        # already started instead of a second one (CopyImage ClientToken, Amazon EC2 API Reference).
+        "ClientToken": copy_client_token(image.tags[BUILD_ID_TAG], target_region),
         "SourceImageId": image.id,
         "SourceRegion": source_region,
         "Name": image.name,
