@@ -1021,11 +1021,12 @@ def _record_copy_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 def _own_bake(build_id: str, description: str = "") -> images.Image:
     """An image standing in for one gpuforge baked (tagged with its build id)."""
-    ami = _register_base("gpuforge-dlami-test")
     ec2 = boto3.client("ec2")
+    instance = ec2.run_instances(ImageId="ami-785db401", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    extra = {"Description": description} if description else {}
+    ami = str(ec2.create_image(InstanceId=instance, Name="gpuforge-dlami-test", **extra)["ImageId"])
+    ec2.terminate_instances(InstanceIds=[instance])
     ec2.create_tags(Resources=[ami], Tags=[{"Key": images.BUILD_ID_TAG, "Value": build_id}])
-    if description:
-        ec2.modify_image_attribute(ImageId=ami, Description={"Value": description})
     return images.describe(ami)
 
 
@@ -1046,3 +1047,18 @@ def test_copy_image_sends_a_client_token_per_build_and_region(
     # The same build and region always give the same token, so a retry is recognized as one.
     images.copy_image(image, "us-east-1", "eu-west-1")
     assert seen[2]["ClientToken"] == first["ClientToken"]
+
+
+def test_copy_image_gives_the_copy_the_images_description(
+    aws: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packer set ami_description on every image it made, copies too (packer-plugin-amazon v1.8.2
+    builder/common/step_modify_ami_attributes.go:78-82 and 205-213); gpuforge's copies keep it."""
+    seen = _record_copy_calls(monkeypatch)
+    image = _own_bake("0123456789ab", description="gpuforge dlami GPU image built from abc123")
+    assert image.description == "gpuforge dlami GPU image built from abc123"
+    images.copy_image(image, "us-east-1", "eu-west-1")
+    (request,) = seen
+    assert request["Description"] == image.description
+    images.copy_image(_own_bake("0123456789ac"), "us-east-1", "eu-west-1")
+    assert "Description" not in seen[1]

@@ -41,6 +41,7 @@ class Image:
     # ParallelCluster reads it, from the first block device mapping (aws-parallelcluster 3.16.1,
     # pcluster/aws/aws_resources.py ImageInfo.volume_size); None when EC2 did not say.
     root_volume_gib: int | None = None
+    description: str = ""
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> Image:
@@ -57,6 +58,7 @@ class Image:
             tags={t["Key"]: t["Value"] for t in data.get("Tags", [])},
             snapshot_ids=snapshots,
             root_volume_gib=int(size) if size is not None else None,
+            description=data.get("Description", ""),
         )
 
     @property

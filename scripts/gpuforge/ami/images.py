@@ -290,6 +290,10 @@ def copy_image(image: Image, source_region: str, target_region: str, kms_key_id:
             {"ResourceType": "snapshot", "Tags": tags},
         ],
     }
+    if image.description:
+        # Packer gave every image it made, copies too, the template's ami_description (packer-plugin-amazon
+        # v1.8.2 builder/common/step_modify_ami_attributes.go:78-82, 205-213): the copy gets the same.
+        request["Description"] = image.description
     if kms_key_id:
         request["KmsKeyId"] = kms_key_id
     try:
