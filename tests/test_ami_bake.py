@@ -1062,3 +1062,38 @@ def test_copy_image_gives_the_copy_the_images_description(
     assert request["Description"] == image.description
     images.copy_image(_own_bake("0123456789ac"), "us-east-1", "eu-west-1")
     assert "Description" not in seen[1]
+
+
+def test_a_discard_that_cannot_reach_one_region_goes_on_with_the_others(
+    dlami_base: str,
+    fake_packer: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One region's clean-up failing (its endpoint unreachable) is logged with what to run by hand; the
+    other regions are still cleaned and the bake fails with its own error."""
+    from botocore.exceptions import EndpointConnectionError
+
+    real_discard = images.discard_build
+    discarded: list[str | None] = []
+
+    def discard(build_id: str, region: str | None = None, **kw: Any) -> None:
+        discarded.append(region)
+        if region == "eu-west-1":
+            raise EndpointConnectionError(endpoint_url="https://ec2.eu-west-1.amazonaws.com/")
+        real_discard(build_id, region, **kw)
+
+    def wait(ami_id: str, region: str | None = None, timeout_s: int = 3600) -> None:
+        raise ExternalError(f"image {ami_id} did not become available: failed")
+
+    monkeypatch.setattr(images, "discard_build", discard)
+    monkeypatch.setattr(images, "wait_available", wait)
+    with pytest.raises(ExternalError, match="did not become available"):
+        bake.bake_aws(_options(tmp_path, ami_regions=("eu-west-1", "us-west-2")))
+    assert discarded == ["us-east-1", "eu-west-1", "us-west-2"]
+    assert _gpuforge_images() == []
+    (logged,) = [r.getMessage() for r in caplog.records if "eu-west-1" in r.getMessage()]
+    assert "Could not connect to the endpoint URL" in logged
+    assert "aws ec2 describe-images --region eu-west-1 --owners self --filters" in logged
+    assert "aws ec2 describe-snapshots --region eu-west-1 --owner-ids self --filters" in logged

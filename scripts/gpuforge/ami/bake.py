@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from gpuforge import aws, node_manifest, paths, targets, versions
 from gpuforge.ami import iam, images, inputs
 from gpuforge.ami import manifest as packer_manifest
@@ -343,16 +345,18 @@ def _discard(run: Run, region: str) -> None:
     """Retire whatever this bake left in region (images and snapshots tagged with its build id), so a
     failed bake leaves nothing behind.
 
-    A failure here is logged, not raised, so the caller still sees why the bake failed.
+    A failure here (an unreachable endpoint or a refused call too) is logged with what to run by hand,
+    not raised, so the other regions are still cleaned and the caller still sees why the bake failed.
     """
     try:
         images.discard_build(run.build_id, region)
-    except (UserError, ExternalError) as exc:
+    except (UserError, ExternalError, BotoCoreError, ClientError) as exc:
         LOG.error(
-            "could not discard the images of failed bake %s (tag %s): %s",
+            "could not discard what failed bake %s left in %s: %s; finish by hand: %s",
             run.build_id,
-            images.BUILD_ID_TAG,
+            region,
             exc,
+            images.manual_discard(run.build_id, region),
         )
 
 

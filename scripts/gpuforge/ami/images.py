@@ -304,6 +304,18 @@ def copy_image(image: Image, source_region: str, target_region: str, kms_key_id:
     return copy_id
 
 
+def manual_discard(build_id: str, region: str) -> str:
+    """The AWS CLI commands that list what a bake left in region, for an operator to retire by hand."""
+    tag = f"Name=tag:{BUILD_ID_TAG},Values={build_id}"
+    return (
+        f"aws ec2 describe-images --region {region} --owners self --filters {tag} "
+        "--query 'Images[].ImageId' --output text (then aws ec2 deregister-image "
+        f"--region {region} --image-id ID for each), then aws ec2 describe-snapshots --region {region} "
+        f"--owner-ids self --filters {tag} --query 'Snapshots[].SnapshotId' --output text (then aws ec2 "
+        f"delete-snapshot --region {region} --snapshot-id ID for each)"
+    )
+
+
 def discard_build(build_id: str, region: str | None = None) -> None:
     """Retire everything a bake left in region: its images (whatever their state: a failed copy is an image
     in state failed) with their snapshots, then any snapshot that still carries the build id (one whose
