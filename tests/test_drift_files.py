@@ -123,3 +123,14 @@ def test_two_playbooks_of_one_run_as_the_real_callback_prints_them(tmp_path: Pat
     assert drift_files.drift_files(proc.stdout, install_playbook="one.yml")["localhost"]["install_files"] == [
         str(target)
     ]
+
+
+def test_the_drift_bench_fails_when_its_site_yml_rerun_changes_something() -> None:
+    # bench/drift.py compares the drift runs with an idempotent rerun: a rerun that changed
+    # something is no baseline, and the bench must say so (and exit 1), not print "ok".
+    bench = sourcefile.load("bench_drift", "bench/drift.py")
+    assert bench.verdict(bench.BASELINE, 0, 0) == "ok"
+    assert bench.verdict(bench.BASELINE, 0, 3) == "changed 3, not idempotent"
+    assert bench.verdict(bench.BASELINE, 2, 0) == "exit 2"
+    # The drift runs report no changes of their own; their exit status is their verdict.
+    assert bench.verdict("drift.yml", 0, 0) == "ok"
