@@ -1236,6 +1236,61 @@ def test_a_first_boot_with_registration_in_progress_passes(config: dict[str, Any
     assert calls.index("nvidia-smi nvlink --status") > fabric[-1]
 
 
+def fabric_gated_dcgmi(config: dict[str, Any], tools: Tools, log: Path) -> None:
+    """dcgmi diag as DCGM judges the fabric: its software test fails every GPU whose registration is
+    Not Started ("training not started") or In Progress ("training in progress"), NVIDIA/DCGM@72fa3fe
+    nvvs/src/Software.cpp LogAndSetFMError and testing/python3/tests/test_nvvs_plugins.py
+    notStartedCase/inProgressCase. The recorded first boot reaches Completed at its fourth poll of
+    the fabric state; before that the diag fails with the state the GPUs were last seen in."""
+    dcgmi = tools.directory / "dcgmi-fabric"
+    polls = f"$(grep -cx {shlex.quote(f'nvidia-smi {FABRIC_QUERY}')} {shlex.quote(str(log))})"
+    dcgmi.write_text(
+        "\n".join(
+            [
+                "#!/bin/sh",
+                f'echo "dcgmi $*" >> {shlex.quote(str(log))}',
+                f"polls={polls}",
+                'if [ "$polls" -lt 2 ]; then why="training not started"',
+                'elif [ "$polls" -lt 4 ]; then why="training in progress"',
+                f'else exec {shlex.quote(tools.path("dcgmi"))} "$@"; fi',
+                'printf "| Software | Fail |\\n| Fabric Manager | Fail - GPU 0: %s |\\n" "$why"',
+                "exit 226",
+            ]
+        )
+        + "\n"
+    )
+    dcgmi.chmod(0o755)
+    config["tools"]["dcgmi"] = str(dcgmi)
+
+
+def test_a_first_boot_runs_dcgmi_diag_once_the_fabric_has_settled(
+    config: dict[str, Any], tools: Tools
+) -> None:
+    """gpu_pcie_link (third check) starts dcgmi diag for its PCIe samples; on a first boot that must
+    wait, as check_nvlink does, for fabric manager and registration, or the diag fails and drains."""
+    log = recorded_first_boot(config, tools, wait_s=30)
+    fabric_gated_dcgmi(config, tools, log)
+    got = by_check(HEALTH.run_checks(config, "boot"))
+    assert got["dcgm_diag"] == {"check": "dcgm_diag", "status": "pass", "detail": "dcgmi diag -r 2 passed"}
+    assert got["gpu_pcie_link"]["status"] == "pass", got["gpu_pcie_link"]
+    calls = log.read_text().splitlines()
+    fabric = [n for n, call in enumerate(calls) if call == f"nvidia-smi {FABRIC_QUERY}"]
+    assert len(fabric) == 4  # the one wait, not one per check
+    assert calls.index("dcgmi diag -r 2") > fabric[-1]
+    assert calls.count("dcgmi diag -r 2") == 1
+
+
+def test_the_fabric_gated_diag_fails_while_registration_is_in_progress(
+    config: dict[str, Any], tools: Tools
+) -> None:
+    """The stand-in above fails as DCGM does: adhoc waits for nothing and the diag meets Not Started."""
+    log = recorded_first_boot(config, tools, wait_s=30)
+    fabric_gated_dcgmi(config, tools, log)
+    got = by_check(HEALTH.run_checks(config, "adhoc"))["dcgm_diag"]
+    assert got["status"] == "fail"
+    assert "training not started" in got["detail"], got
+
+
 def test_without_a_wait_the_same_moment_fails(config: dict[str, Any], tools: Tools) -> None:
     """adhoc waits for nothing: what is still on its way is judged as it is, and fails."""
     recorded_first_boot(config, tools, wait_s=30)
