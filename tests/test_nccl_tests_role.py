@@ -412,13 +412,13 @@ def _exports(text: str) -> dict[str, str]:
 
 def test_sbatch_sets_what_an_srun_launch_of_the_efa_open_mpi_needs() -> None:
     """Under srun there is no mpirun to pass --mca flags: the script exports what AWS passes when it launches
-    nccl-tests with the EFA installer's Open MPI (pml ^cm: the EFA guide; btl tcp,self and the TCP interfaces
-    to leave out: the AMI sample), and the PMIx datastore both PMIx releases of an srun launch share
+    nccl-tests with the EFA installer's Open MPI (pml ^cm,ucx, btl tcp,self and the TCP interfaces to leave
+    out: awsome-distributed-training's srun images, e.g. 3.test_cases/megatron/nemo/Dockerfile), and the PMIx datastore both PMIx releases of an srun launch share
     (slurmstepd's and Open MPI 4.1's; open-mpi/ompi#7516). Each is a default the caller can override."""
     text = SBATCH.read_text()
     exports = _exports(text)
     assert {name: exports.get(name) for name in ("OMPI_MCA_pml", "OMPI_MCA_btl", "PMIX_MCA_gds")} == {
-        "OMPI_MCA_pml": "^cm",
+        "OMPI_MCA_pml": "^cm,ucx",
         "OMPI_MCA_btl": "tcp,self",
         "PMIX_MCA_gds": "hash",
     }

@@ -43,7 +43,7 @@ NCCL_ENV = {
     "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
     # Open MPI's own messages off EFA and off Docker's bridge, and the PMIx datastore slurmstepd's and
     # Open MPI's PMIx share (the script says why, with its sources).
-    "OMPI_MCA_pml": "^cm",
+    "OMPI_MCA_pml": "^cm,ucx",
     "OMPI_MCA_btl": "tcp,self",
     "OMPI_MCA_btl_tcp_if_exclude": "lo,docker0,veth_def_agent",
     "PMIX_MCA_gds": "hash",
