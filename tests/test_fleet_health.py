@@ -1352,3 +1352,17 @@ def test_the_boot_unit_is_ordered_after_the_unit_that_queues_fabric_manager() ->
     assert "systemctl start --no-block nvidia-fabricmanager.service" in starter
     assert {"gpuforge-nvswitch-services.service", "nvidia-fabricmanager.service"} <= set(after.split())
     assert DEFAULTS["health_transient_wait_s"]["boot"] > 0
+
+
+def test_the_boot_unit_does_not_hold_multi_user_target() -> None:
+    """A target orders itself after every unit it Wants (systemd.target(5), Default Dependencies):
+    a oneshot WantedBy=multi-user.target would hold the target, and cloud-final.service after it,
+    for the whole run (the fabric wait and dcgmi diag). Ordered After= the target, it does not."""
+    unit = (REPO / "roles/health/templates/etc/systemd/system/gpuforge-health-boot.service.j2").read_text()
+    keys = [line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#")]
+    after = {u for k, v in keys if k == "After" for u in v.split()}
+    wanted_by = {u for k, v in keys if k == "WantedBy" for u in v.split()}
+    assert wanted_by == {"multi-user.target"}
+    assert "multi-user.target" in after
+    assert not [v for k, v in keys if k == "Before"]
+    assert "DefaultDependencies" not in dict(keys)  # sysinit and shutdown ordering stay as they are
