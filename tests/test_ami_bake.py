@@ -17,6 +17,7 @@ import io
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1097,3 +1098,74 @@ def test_a_discard_that_cannot_reach_one_region_goes_on_with_the_others(
     assert "Could not connect to the endpoint URL" in logged
     assert "aws ec2 describe-images --region eu-west-1 --owners self --filters" in logged
     assert "aws ec2 describe-snapshots --region eu-west-1 --owner-ids self --filters" in logged
+
+
+def _snapshot_hooks(
+    monkeypatch: pytest.MonkeyPatch, after_describe: Callable[[dict[str, Any]], None]
+) -> None:
+    """Run after_describe on every DescribeSnapshots reply the pipeline's EC2 clients receive."""
+    original = aws.client
+
+    def hooked_client(service: str, region_name: str | None = None) -> Any:
+        client = original(service, region_name)
+        client.meta.events.register(
+            "after-call.ec2.DescribeSnapshots", lambda parsed, **_: after_describe(parsed)
+        )
+        return client
+
+    monkeypatch.setattr(aws, "client", hooked_client)
+
+
+def _tagged_snapshot(build_id: str, region: str = "us-east-1") -> str:
+    ec2 = boto3.client("ec2", region_name=region)
+    volume = ec2.create_volume(AvailabilityZone=f"{region}a", Size=1)["VolumeId"]
+    snapshot = str(ec2.create_snapshot(VolumeId=volume)["SnapshotId"])
+    ec2.create_tags(Resources=[snapshot], Tags=[{"Key": images.BUILD_ID_TAG, "Value": build_id}])
+    return snapshot
+
+
+def _pending_copy(build_id: str, monkeypatch: pytest.MonkeyPatch) -> images.Image:
+    """A copy EC2 has not finished (state pending), as discard_build finds it after a timed-out wait."""
+    import dataclasses
+
+    copy = dataclasses.replace(_own_bake(build_id), state="pending")
+    monkeypatch.setattr(images, "images_with_build_id", lambda b, r=None: [copy] if b == build_id else [])
+    return copy
+
+
+def test_discard_waits_for_the_snapshot_of_a_copy_still_pending(
+    aws: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy deregistered while pending can get its snapshot after the first DescribeSnapshots: the
+    discard keeps looking (bounded) and deletes it when it appears."""
+    build_id = "0123456789ab"
+    _pending_copy(build_id, monkeypatch)
+    late: list[str] = []
+
+    def after_describe(parsed: dict[str, Any]) -> None:
+        if not late:
+            late.append(_tagged_snapshot(build_id))
+
+    _snapshot_hooks(monkeypatch, after_describe)
+    images.discard_build(build_id, "us-east-1", settle_s=30, poll_s=0.05)
+    ec2 = boto3.client("ec2")
+    left = ec2.describe_snapshots(OwnerIds=["self"], SnapshotIds=[])["Snapshots"]
+    assert late and late[0] not in {s["SnapshotId"] for s in left}
+
+
+def test_discard_names_the_snapshots_still_pending_at_its_deadline(
+    aws: MotoServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    build_id = "0123456789ab"
+    _pending_copy(build_id, monkeypatch)
+    stuck = _tagged_snapshot(build_id)
+
+    def after_describe(parsed: dict[str, Any]) -> None:
+        for snapshot in parsed.get("Snapshots", []):
+            if snapshot["SnapshotId"] == stuck:
+                snapshot["State"] = "pending"
+
+    _snapshot_hooks(monkeypatch, after_describe)
+    images.discard_build(build_id, "us-east-1", settle_s=0.3, poll_s=0.05)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"aws ec2 delete-snapshot --region us-east-1 --snapshot-id {stuck}" in logged

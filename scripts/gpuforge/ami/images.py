@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterable
 
 from botocore.exceptions import BotoCoreError, ClientError, WaiterError
@@ -316,19 +317,70 @@ def manual_discard(build_id: str, region: str) -> str:
     )
 
 
-def discard_build(build_id: str, region: str | None = None) -> None:
+def discard_build(
+    build_id: str, region: str | None = None, *, settle_s: float = 600.0, poll_s: float = 10.0
+) -> None:
     """Retire everything a bake left in region: its images (whatever their state: a failed copy is an image
     in state failed) with their snapshots, then any snapshot that still carries the build id (one whose
-    image is gone: a copy EC2 gave up on, or a snapshot Packer's cleanup could not delete)."""
+    image is gone: a copy EC2 gave up on, or a snapshot Packer's cleanup could not delete).
+
+    An image deregistered before it was available (a copy whose wait timed out or was interrupted) may get
+    its snapshot only afterwards, and a pending snapshot cannot be deleted yet: then DescribeSnapshots is
+    asked again, every poll_s doubling up to a minute, for at most settle_s seconds, until a snapshot has
+    turned up and none is pending; what is still pending then is logged with the command to delete it.
+    """
+    the_region = region or aws.region()
+    unfinished = 0
     for image in images_with_build_id(build_id, region):
         LOG.warning("discarding %s from failed bake %s", image.id, build_id)
         deregister(image, region)
+        unfinished += image.state != "available"
+    deadline = time.monotonic() + (settle_s if unfinished else 0.0)
+    if unfinished:
+        LOG.warning(
+            "waiting up to %d s for the snapshots of %d unfinished image(s) of bake %s in %s",
+            settle_s,
+            unfinished,
+            build_id,
+            the_region,
+        )
+    # Whether a tagged snapshot has turned up since the images went: the ones an unfinished image named
+    # are not enough (a copy of several volumes may not have made them all yet).
+    seen = False
+    delay = poll_s
+    while True:
+        pending = _delete_build_snapshots(build_id, region)
+        seen = seen or pending is not None
+        pending = pending or []
+        if (not pending and (seen or not unfinished)) or time.monotonic() >= deadline:
+            break
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 60.0)
+    for snapshot in pending:
+        LOG.error(
+            "snapshot %s of failed bake %s is still pending in %s; delete it once it completes: "
+            "aws ec2 delete-snapshot --region %s --snapshot-id %s",
+            snapshot,
+            build_id,
+            the_region,
+            the_region,
+            snapshot,
+        )
+
+
+def _delete_build_snapshots(build_id: str, region: str | None) -> list[str] | None:
+    """Delete the snapshots tagged with build_id that are no longer pending; return the pending ones'
+    ids, or None when no snapshot carries the tag."""
     ec2 = _ec2(region)
     filters = [{"Name": f"tag:{BUILD_ID_TAG}", "Values": [build_id]}]
     try:
         pages = ec2.get_paginator("describe_snapshots").paginate(OwnerIds=["self"], Filters=filters)
-        left = sorted(s["SnapshotId"] for page in pages for s in page.get("Snapshots", []))
-        for snapshot in left:
+        found = sorted(
+            ((s["SnapshotId"], s.get("State", "")) for page in pages for s in page.get("Snapshots", [])),
+        )
+        for snapshot, state in found:
+            if state == "pending":
+                continue
             LOG.warning("deleting snapshot %s of failed bake %s", snapshot, build_id)
             try:
                 ec2.delete_snapshot(SnapshotId=snapshot)
@@ -337,6 +389,9 @@ def discard_build(build_id: str, region: str | None = None) -> None:
                     raise
     except ClientError as exc:
         raise ExternalError(f"cannot delete the snapshots of bake {build_id}: {exc}") from exc
+    if not found:
+        return None
+    return [snapshot for snapshot, state in found if state == "pending"]
 
 
 def add_tags(ami_id: str, tags: dict[str, str], region: str | None = None) -> None:
