@@ -271,12 +271,21 @@ def test_overlay_reads_back_as_the_roles_read_the_real_image(name: str, tmp_path
 
     tests = twin.component("nccl_tests")
     if tests is not None:
-        # The nccl_tests role's probe: one NUL-delimited X.Y.Z beside the 2.17.4+ banner, libmpi named.
+        # The nccl_tests role's probe: one NUL-delimited X.Y.Z beside the 2.17.4+ banner; libmpi and libnccl
+        # among the binary's DT_NEEDED entries (readelf -d), each where the launch's library path finds it.
         binary = files[f"{tests['directory'].lstrip('/')}/all_reduce_perf"]
         assert binary.startswith(b"\x7fELF") and b"# nccl-tests version %s" in binary
         assert re.findall(rb"(?<=\0)([0-9]+\.[0-9]+\.[0-9]+)(?=\0)", binary) == [tests["version"].encode()]
-        assert (b"libmpi.so" in binary) == tests["links_mpi"]
-        assert tests["nccl"]["library"].lstrip("/") in files
+        (tmp_path / "all_reduce_perf").write_bytes(binary)
+        dynamic = subprocess.run(
+            ["readelf", "-d", str(tmp_path / "all_reduce_perf")], capture_output=True, text=True, check=True
+        ).stdout
+        needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+)\]", dynamic)
+        assert "libnccl.so.2" in needed
+        assert ("libmpi.so.40" in needed) == tests["links_mpi"]
+        assert files[tests["nccl"]["library"].lstrip("/")].startswith(b"\x7fELF")
+        if tests["links_mpi"]:
+            assert files["opt/amazon/openmpi/lib/libmpi.so.40"].startswith(b"\x7fELF")
 
     assert ("opt/parallelcluster/.bootstrapped" in files) == (twin.flavor == "pcluster")
 

@@ -266,39 +266,79 @@ def _efa(out: Overlay, efa: dict[str, Any] | None, plugin: dict[str, Any] | None
 
 
 # A base image's own nccl-tests build: an ELF program carrying the strings the nccl_tests role reads
-# from the real one (the 2.17.4+ banner format, NCCL_TESTS_VERSION, libmpi among its needed libraries);
-# run, it says it is a stand-in and fails. The NCCL it was built with, outside dpkg, is a marked file at
-# its recorded path (nothing loads it: no role reads that NCCL).
+# from the real one (the 2.17.4+ banner format, NCCL_TESTS_VERSION) and linked against stand-in shared
+# libraries with the sonames the real one needs (libnccl.so.2, and libmpi.so.40 when built with MPI), so
+# that its dynamic section names them (DT_NEEDED, which the role reads with readelf) and ldd resolves
+# them where the twin puts them; run, it says it is a stand-in and fails. That the role's reading of the
+# release (one X.Y.Z string beside the banner) holds for a real DLAMI binary is not verified: no such
+# binary was available (the twins' records say so).
 NCCL_TESTS_STANDIN = """/* {marker}: stands in for a base image's all_reduce_perf; runs no collective. */
 #include <stdio.h>
-__attribute__((used)) static const char banner[] =
-    "# nccl-tests version %s nccl-headers=%d nccl-library=%d\\n";
-__attribute__((used)) static const char release[] = "{version}";
-__attribute__((used)) static const char needed[] = "{needed}";
+{strings}
 int main(void) {{
     fprintf(stderr, "{marker}: all_reduce_perf stand-in, no GPU\\n");
     return 1;
 }}
 """
+STANDIN_LIBRARY = "/* {marker}: stands in for {soname}; no symbols anyone calls. */\nint {symbol}(void) {{ return 0; }}\n"
+NCCL_SONAME = "libnccl.so.2"
+MPI_SONAME = "libmpi.so.40"
+
+
+def nccl_tests_standin(
+    workdir: Path, version: str | None, *, links_mpi: bool, extra: tuple[str, ...] = ()
+) -> dict[str, bytes]:
+    """TEST DOUBLE of a base image's all_reduce_perf and the libraries it needs, by file name
+    ('all_reduce_perf', libnccl.so.2, libmpi.so.40 when links_mpi): the banner's format string and
+    `version` (None: a build from before the banner, neither) and `extra` X.Y.Z strings, each its own
+    NUL-terminated string as in the binary's string tables."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    strings = [] if version is None else ["# nccl-tests version %s nccl-headers=%d nccl-library=%d\\n", version]
+    strings += list(extra)
+    built: dict[str, bytes] = {}
+    libraries = [NCCL_SONAME] + ([MPI_SONAME] if links_mpi else [])
+    for soname in libraries:
+        source = workdir / f"{soname}.c"
+        symbol = "gpuforge_twin_" + soname.split(".")[0].removeprefix("lib")
+        source.write_text(STANDIN_LIBRARY.format(marker=MARKER, soname=soname, symbol=symbol))
+        library = workdir / soname
+        subprocess.run(
+            [_compiler(), "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(library), str(source)],
+            check=True,
+            capture_output=True,
+        )
+        built[soname] = library.read_bytes()
+    source = workdir / "all_reduce_perf.c"
+    source.write_text(
+        NCCL_TESTS_STANDIN.format(
+            marker=MARKER,
+            strings="\n".join(
+                f'__attribute__((used)) static const char s{i}[] = "{text}";' for i, text in enumerate(strings)
+            ),
+        )
+    )
+    binary = workdir / "all_reduce_perf"
+    # --no-as-needed: the program calls nothing in them, and the toolchain would drop them otherwise.
+    subprocess.run(
+        [_compiler(), "-O0", "-o", str(binary), str(source), f"-L{workdir}", "-Wl,--no-as-needed"]
+        + [f"-l:{soname}" for soname in libraries],
+        check=True,
+        capture_output=True,
+    )
+    built["all_reduce_perf"] = binary.read_bytes()
+    return built
 
 
 def _nccl_tests(out: Overlay, tests: dict[str, Any] | None, workdir: Path) -> None:
     if tests is None:
         return
-    source = workdir / "all_reduce_perf.c"
-    source.write_text(
-        NCCL_TESTS_STANDIN.format(
-            marker=MARKER,
-            version=tests["version"],
-            needed="libmpi.so.40" if tests["links_mpi"] else "libc.so.6",
-        )
-    )
-    binary = workdir / "all_reduce_perf"
-    subprocess.run([_compiler(), "-O0", "-o", str(binary), str(source)], check=True, capture_output=True)
-    out.add(f"{tests['directory']}/all_reduce_perf", binary.read_bytes(), 0o755)
-    nccl = tests.get("nccl")
-    if nccl:
-        out.add(nccl["library"], f"{MARKER}: NCCL built outside dpkg, recorded; nothing inside\n")
+    built = nccl_tests_standin(workdir / "nccl-tests", tests["version"], links_mpi=tests["links_mpi"])
+    out.add(f"{tests['directory']}/all_reduce_perf", built["all_reduce_perf"], 0o755)
+    # Where the launch finds its libraries: its NCCL in the directory AWS's sample puts on LD_LIBRARY_PATH
+    # (recorded in the twin), Open MPI's in the EFA installer's /opt/amazon/openmpi/lib.
+    out.add(tests["nccl"]["library"], built[NCCL_SONAME], 0o755)
+    if tests["links_mpi"]:
+        out.add(f"/opt/amazon/openmpi/lib/{MPI_SONAME}", built[MPI_SONAME], 0o755)
 
 
 # Files each recorded package carries besides its marker, by package name.
