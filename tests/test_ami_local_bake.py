@@ -332,7 +332,8 @@ def _changed_tasks(stdout: str) -> str:
 def test_drift_check_finds_a_hand_changed_file_on_a_golden_host(
     golden: dict[str, Any], builder: dict[str, Any], baked: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The fast path trusts the manifest; the drift check still compares a golden host's install roles."""
+    """The fast path trusts the manifest; the deep drift check (-e gpuforge_drift_install=true) still
+    compares a golden host's install roles (the default check says it did not: test_drift_files)."""
     host = golden["hosts"][0]["name"]
     manifest = json.loads(on(GOLDEN_LAB, host, "cat /etc/gpuforge/manifest.json"))
     sysctl = "/etc/sysctl.d/99-gpuforge-efa.conf"
@@ -351,6 +352,8 @@ def test_drift_check_finds_a_hand_changed_file_on_a_golden_host(
             "playbooks/drift.yml",
             "-e",
             "gpuforge_drift_fail=false",
+            "-e",
+            "gpuforge_drift_install=true",
             "-e",
             json.dumps({"gpuforge_drift_playbooks": ["gpuforge.gpu.bake"]}),
             timeout=900,

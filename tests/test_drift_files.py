@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 
 import sourcefile
@@ -134,3 +135,40 @@ def test_the_drift_bench_fails_when_its_site_yml_rerun_changes_something() -> No
     assert bench.verdict(bench.BASELINE, 2, 0) == "exit 2"
     # The drift runs report no changes of their own; their exit status is their verdict.
     assert bench.verdict("drift.yml", 0, 0) == "ok"
+
+
+def test_the_default_report_on_a_golden_node_names_what_it_did_not_compare() -> None:
+    """The default check runs a converge in check mode, which skips a golden node's install roles: its
+    line must say their files were not compared, and how to compare them, never pass in silence."""
+    clean = {"files": [], "install_files": [], "other_changes": 0}
+    remedy = "ansible-playbook site.yml --limit node-a"
+    line = drift_files.drift_files_report(clean, "node-a", remedy, golden=True, install_checked=False)
+    assert line == (
+        "managed files as the roles would write them (0 other task(s) would change something); "
+        "NOT COMPARED: the install phase's files (golden node: a converge skips the install roles, "
+        "and the manifest comparison stands for them); to compare them too: "
+        "ansible-playbook playbooks/drift.yml -e gpuforge_drift_install=true --limit node-a"
+    )
+    # The deep check compared them; a node that is not golden had its install roles in the converge.
+    for golden, checked in ((True, True), (False, False)):
+        line = drift_files.drift_files_report(clean, "node-a", remedy, golden=golden, install_checked=checked)
+        assert line == "managed files as the roles would write them (0 other task(s) would change something)"
+    drifted = {"files": ["/etc/nccl.conf"], "install_files": [], "other_changes": 2}
+    line = drift_files.drift_files_report(drifted, "node-a", remedy, golden=True, install_checked=False)
+    assert line.startswith(
+        "DRIFT: 1 managed file(s) differ from what the roles would write: /etc/nccl.conf; to put them "
+        "back: ansible-playbook site.yml --limit node-a (2 other task(s) would change something); "
+        "NOT COMPARED: the install phase's files"
+    )
+
+
+def test_the_drift_playbook_reports_files_through_the_report_filter() -> None:
+    """drift.yml's line is the filter's, told whether the node is golden and whether install ran."""
+    play = yaml.safe_load((REPO / "playbooks/drift.yml").read_text())[0]
+    task = next(t for t in play["tasks"] if t["name"].startswith("Report managed files"))
+    msg = " ".join(task["ansible.builtin.debug"]["msg"].split())
+    assert msg == (
+        "{{ _drift_host | gpuforge.gpu.drift_files_report(inventory_hostname, _drift_remedy, "
+        "_drift_golden_node | bool, gpuforge_drift_install | bool) }}"
+    )
+    assert play["vars"]["gpuforge_drift_install"] is False

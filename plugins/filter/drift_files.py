@@ -3,6 +3,7 @@
 playbooks/drift.yml runs the roles in check mode with --diff and the ansible.posix.json callback;
 this filter reads that output and keeps, for every host, the files whose content or attributes the
 roles would change (a diff with a file header or path), and how many other tasks would change.
+Filter gpuforge.gpu.drift_files_report words one host's line of the drift report from that.
 """
 
 from __future__ import annotations
@@ -100,8 +101,39 @@ def drift_files(output: str, install_playbook: str = "bake.yml") -> dict[str, di
     return report
 
 
+# How to compare what the default drift check leaves out on a golden node.
+DEEP_CHECK = "ansible-playbook playbooks/drift.yml -e gpuforge_drift_install=true"
+
+
+def drift_files_report(
+    found: dict[str, Any], host: str, remedy: str, golden: bool, install_checked: bool
+) -> str:
+    """One host's managed-files line of the drift report.
+
+    found is drift_files' entry for the host; remedy the least command that puts its files back. On a
+    golden node the default check is a converge in check mode, which takes the fast path and skips the
+    install roles: their files were not compared, and the line says so and how to compare them.
+    """
+    files = list(found.get("files") or [])
+    if files:
+        line = (
+            f"DRIFT: {len(files)} managed file(s) differ from what the roles would write: "
+            f"{', '.join(files)}; to put them back: {remedy}"
+        )
+    else:
+        line = "managed files as the roles would write them"
+    line += f" ({int(found.get('other_changes') or 0)} other task(s) would change something)"
+    if golden and not install_checked:
+        line += (
+            "; NOT COMPARED: the install phase's files (golden node: a converge skips the install roles, "
+            "and the manifest comparison stands for them); to compare them too: "
+            f"{DEEP_CHECK} --limit {host}"
+        )
+    return line
+
+
 class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Any]:
-        return {"drift_files": drift_files}
+        return {"drift_files": drift_files, "drift_files_report": drift_files_report}
