@@ -714,3 +714,19 @@ def test_pipeline_role_creates_the_canary_nodes_role_the_canary_policy_passes(
         {"iam:PassedToService": ["ec2.amazonaws.com"]},
     )
     assert iamaudit.decide(iamaudit.load_policy(), passed) == "Allow"
+
+
+def test_no_action_is_granted_twice_on_every_resource() -> None:
+    """An action allowed on "*" without a condition in two statements: dropping it from one (narrowing
+    what Packer or gpuforge needs) would silently change nothing. Packer's Describe calls that gpuforge
+    makes too (DescribeRegions, DescribeSnapshots) are granted once, in gpuforge's statement."""
+    seen: dict[str, str] = {}
+    twice: list[str] = []
+    for statement in iamaudit.load_policy()["Statement"]:
+        if statement["Effect"] != "Allow" or statement["Resource"] != "*" or "Condition" in statement:
+            continue
+        for action in statement["Action"]:
+            if action in seen:
+                twice.append(f"{action}: {seen[action]} and {statement['Sid']}")
+            seen[action] = statement["Sid"]
+    assert not twice
