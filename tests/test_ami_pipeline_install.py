@@ -5,6 +5,7 @@ session lasts, how the builder is reached."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -262,3 +263,15 @@ def test_the_canary_with_its_settings_runs_and_lets_promote_run(tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     assert calls.startswith("canary --flavor dlami --ami ami-0123456789abcdef0 --instance-type p5.48xlarge")
     assert "passed=true" in output
+
+
+def test_the_buildspec_token_example_uncommented_is_a_secret_beside_the_variables() -> None:
+    """Uncommenting the secrets-manager example (deleting each line's "# ") gives env.secrets-manager and
+    leaves every variable, the CANARY_* ones included, under env.variables."""
+    example = re.compile(r"^(\s*)# (\s*(?:secrets-manager|PACKER_GITHUB_API_TOKEN):.*)$", re.MULTILINE)
+    text = BUILDSPEC.read_text()
+    assert len(example.findall(text)) == 2
+    env = yaml.safe_load(example.sub(r"\1\2", text))["env"]
+    assert env["secrets-manager"] == {"PACKER_GITHUB_API_TOKEN": "gpuforge/packer-github-token"}
+    assert env["variables"] == yaml.safe_load(text)["env"]["variables"]
+    assert "CANARY_INSTANCE_TYPE" in env["variables"]
