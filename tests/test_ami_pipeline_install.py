@@ -250,7 +250,70 @@ def test_the_canary_without_its_settings_leaves_a_candidate_and_says_so(tmp_path
         "ami-0123456789abcdef0 stays a candidate" in result.stdout and "CANARY_INSTANCE_TYPE" in result.stdout
     )
     assert _step("Promote ${{ matrix.flavor }}")["if"] == "steps.canary.outputs.passed == 'true'"
-    assert "if" not in _step("Prune ${{ matrix.flavor }}")
+    # Prune runs after any rebuild that succeeded, whatever the canary did (a misconfigured one included).
+    assert _step("Prune ${{ matrix.flavor }}")["if"] == "always() && steps.rebuild.outcome == 'success'"
+
+
+@pytest.mark.parametrize(
+    ("settings", "missing"),
+    [
+        ({"CANARY_INSTANCE_TYPE": "p5.48xlarge"}, "CANARY_INSTANCE_PROFILE, CANARY_RESULTS_BUCKET"),
+        ({"CANARY_INSTANCE_PROFILE": "p", "CANARY_RESULTS_BUCKET": "b"}, "CANARY_INSTANCE_TYPE"),
+        ({"CANARY_INSTANCE_TYPE": "p5.48xlarge", "CANARY_INSTANCE_PROFILE": "p"}, "CANARY_RESULTS_BUCKET"),
+    ],
+)
+def test_the_canary_with_some_settings_fails_naming_the_missing(
+    tmp_path: Path, settings: dict[str, str], missing: str
+) -> None:
+    """Half a canary configuration is a mistake, not a choice: the step fails naming what is missing, so
+    promote does not run (prune does: its `if`)."""
+    result, calls, output = _run_canary_step(tmp_path, **settings)
+    assert result.returncode != 0
+    assert calls == "" and "passed=true" not in output
+    assert "::error::" in result.stdout and f"missing {missing}" in result.stdout
+
+
+def _run_buildspec(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run packer/buildspec.yml's build commands under sh with a gpuforge that records its calls and whose
+    rebuild names a new candidate."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    fake = bin_dir / "gpuforge"
+    fake.write_text(
+        f'#!/bin/sh\necho "$1" >> {calls}\n[ "$1" = rebuild ] && echo ami-0123456789abcdef0\nexit 0\n'
+    )
+    fake.chmod(0o755)
+    spec = yaml.safe_load(BUILDSPEC.read_text())
+    variables = {k: str(v) for k, v in spec["env"]["variables"].items()}
+    run_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "AWS_REGION": "us-east-1", **variables}
+    run_env.update(FLAVORS="dlami", **env)
+    result = subprocess.run(
+        ["sh", "-c", "\n".join(spec["phases"]["build"]["commands"])],
+        cwd=tmp_path,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result, calls.read_text().split() if calls.exists() else []
+
+
+def test_the_buildspec_canary_guard_matches_the_workflows(tmp_path: Path) -> None:
+    none, calls = _run_buildspec(tmp_path / "none")
+    assert none.returncode == 0 and calls == ["rebuild", "prune"]
+    assert "stays a candidate" in none.stdout
+    some, calls = _run_buildspec(tmp_path / "some", CANARY_INSTANCE_TYPE="p5.48xlarge")
+    # Fails naming the missing settings, promotes nothing, still prunes.
+    assert some.returncode != 0 and calls == ["rebuild", "prune"]
+    assert "missing CANARY_INSTANCE_PROFILE, CANARY_RESULTS_BUCKET" in some.stdout + some.stderr
+    full = {
+        "CANARY_INSTANCE_TYPE": "p5.48xlarge",
+        "CANARY_INSTANCE_PROFILE": "p",
+        "CANARY_RESULTS_BUCKET": "b",
+    }
+    every, calls = _run_buildspec(tmp_path / "all", **full)
+    assert every.returncode == 0 and calls == ["rebuild", "canary", "promote", "prune"]
 
 
 def test_the_canary_with_its_settings_runs_and_lets_promote_run(tmp_path: Path) -> None:
