@@ -15,8 +15,6 @@ from gpuforge.cliargs import existing_file
 MISSING = "/nonexistent/gpuforge-input.yaml"
 # Path arguments that are written, or are folders or a checkout: no file to read.
 NOT_READ = {"out", "output", "work_dir", "repo", "cache_dir", "results_dir", "run_dir"}
-# Commands another change is still adding (gpuforge accept, issue 34): audited once it lands.
-NOT_YET = {"accept"}
 # Checked by the handler before any AWS call instead (prune --allow-missing goes on without a gone config).
 IN_HANDLER = {("prune", "cluster_config")}
 
@@ -39,7 +37,6 @@ def test_every_path_a_command_reads_is_checked_at_parse_time() -> None:
         if action.type is Path
         and action.dest not in NOT_READ
         and words[:1]
-        and words[0] not in NOT_YET
         and (words[0], action.dest) not in IN_HANDLER
     ]
     assert unchecked == []
@@ -54,6 +51,7 @@ COMMANDS = [
     ["bake", "--extra-vars", MISSING],
     ["nccl-report", MISSING, "--instance-type", "p5.48xlarge", "--out", "/tmp/r"],
     ["nccl-report", __file__, "--instance-type", "p5.48xlarge", "--out", "/tmp/r", "--baseline", MISSING],
+    ["accept", "--instance-type", "p5.48xlarge", "--baseline", MISSING],
 ]
 
 
