@@ -4,16 +4,20 @@ The stages follow the field guide: every node alone, then disjoint pairs, then d
 against the 90%-of-baseline rule. What runs a test is a `Tester` handed in (Slurm on a cluster, a model
 of one in the tests), so the whole sequence of decisions is the same code in both.
 
-Pairs. Round 1 splits the nodes that passed alone into disjoint pairs. A node in a passing pair is a
-reference. Each node of a failing pair (and an odd node left over) is then tested with a distinct
-reference, all at once: failing with a reference names the node, passing clears it. So a bad node is
-named in two rounds, whatever the cluster's size, as long as there are at least as many references
-as nodes to test (true while fewer than a quarter of the nodes are bad); with fewer references the
-second round runs in waves of as many pairs as there are references. A failing pair whose nodes both
-pass with references (the failure did not come back: a flapping node) is tested once more, each node
-with another reference; a node that fails then is named, and two that pass again are reported as
-unresolved: named, not drained, and the cluster is not accepted. Where no pair passed at all there is
-no reference, and every node of a failing pair is unresolved.
+Pairs. Round 1 splits the nodes that passed alone into disjoint pairs. A node is named (and
+drained) on evidence that survives a flapping partner: it failed with two different nodes, each of
+which passed with a third node after that failure and failed with nobody else who is not named (a
+*witness*), and it never passed a pair test itself. Every node of a failing pair, the odd node out,
+and any reference that took part in a failure are re-tested, all at once, each with a reference (a
+node that passed and has no unexplained failure) it has not failed with; where no reference is
+left, suspects are paired among themselves with partners they have not failed with (a shifted
+pairing), so that a passing pair makes references. With enough references (fewer than about a
+quarter of the nodes bad) a bad node whose round-1 partner is good is named in three rounds: round
+1, its re-test with a reference (while its partner passes with another), and the reference's own
+re-test; four when both nodes of a round-1 pair are bad or a reference flaps. A node that both
+passed and failed with nodes that work (a flapping node), or that is still unexplained after
+RETESTS re-tests, or that could never be tested in a pair, is *unresolved*: named, not drained, and
+the cluster is not accepted. A node is never accepted without a passing pair test.
 
 Doubling. The nodes left after the pairs run at 2, 4, 8 ... and finally all of them; each step is
 judged against the baseline for its node count, and the first step below its gate stops the doubling
@@ -23,7 +27,6 @@ and is named with its figure. Nodes are not blamed for a step: every one of them
 from __future__ import annotations
 
 import enum
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +39,9 @@ STAGE_PAIRS = "pairs"
 STAGE_DOUBLING = "doubling"
 # Slurm keeps a node's reason as given; a short one still fits `sinfo -R`'s column and ParallelCluster's logs.
 REASON_LIMIT = 200
-LEFT_OVER = "the odd one out of round 1"
+# Re-tests after round 1 before a suspect nobody could name is left unresolved.
+RETESTS = 3
+NO_PAIR = "no other node passed alone to pair it with: not tested in a pair"
 
 
 @dataclass(frozen=True)
@@ -84,11 +89,6 @@ def doubling_sizes(count: int) -> list[int]:
     return [*sizes, count]
 
 
-def isolation_rounds(to_test: int, references: int) -> int:
-    """Rounds needed to test each of `to_test` nodes with a distinct reference per round."""
-    return 0 if to_test == 0 or references == 0 else math.ceil(to_test / references)
-
-
 class NodeStatus(enum.StrEnum):
     ACCEPTED = "accepted"
     FAILED = "failed"
@@ -123,103 +123,215 @@ class PairTest:
 
 @dataclass
 class PairSearch:
-    """The pair stage's state: rounds run, references, suspects, and the nodes named."""
+    """The pair stage's state: every pair test so far, re-read after each round (module docstring)."""
 
     nodes: list[str]
     tests: list[PairTest] = field(default_factory=list)
-    references: list[str] = field(default_factory=list)
     bad: dict[str, str] = field(default_factory=dict)
     unresolved: dict[str, str] = field(default_factory=dict)
-    # Node -> why it still needs a test with a reference.
-    pending: dict[str, str] = field(default_factory=dict)
-    confirmed: set[str] = field(default_factory=set)
-    # Suspects that passed with a reference while their round-1 failure is not yet explained.
-    cleared: set[str] = field(default_factory=set)
-    # Nodes that failed nothing but had no partner: the odd one out with no reference to pair it with.
-    unpaired: dict[str, str] = field(default_factory=dict)
     rounds: int = 0
+    _passed_with: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    _failed_with: dict[str, list[tuple[str, PairTest]]] = field(default_factory=dict)
+    _retests: dict[str, int] = field(default_factory=dict)
+    # Culprits: named nodes and intermittent ones with two witnesses (their failures explain their
+    # partners').
+    _evident: set[str] = field(default_factory=set)
 
     def first_round(self) -> list[Pair]:
-        pairs, left = disjoint_pairs(self.nodes)
-        for node in left:
-            self.pending[node] = LEFT_OVER
+        pairs, _left = disjoint_pairs(self.nodes)
         return pairs
 
     def record(self, results: Mapping[Pair, Result], purpose: str) -> None:
         self.rounds += 1
         for pair, result in results.items():
-            self.tests.append(PairTest(self.rounds, pair, result, purpose))
-            if purpose == "round 1":
-                self._first(pair, result)
-            else:
-                self._isolate(pair, result, purpose)
-        if not self.pending:
-            self._unexplained()
-
-    def _first(self, pair: Pair, result: Result) -> None:
-        a, b = pair
-        if result.passed:
-            self.references += [a, b]
-            return
-        for node, partner in ((a, b), (b, a)):
-            self.pending[node] = f"round 1 with {partner}: {result.figure}"
-
-    def _isolate(self, pair: Pair, result: Result, purpose: str) -> None:
-        suspect, reference = pair
-        why = self.pending.pop(suspect)
-        if not result.passed:
-            self.bad[suspect] = f"{why}; round {self.rounds} ({purpose}) with {reference}: {result.figure}"
-        elif why == LEFT_OVER:
-            self.references.append(suspect)
-        else:
-            # Not a reference yet: its own failure is explained only once its partner is named.
-            self.cleared.add(suspect)
-
-    def _unexplained(self) -> None:
-        """Round-1 failures: explained by a named node, else confirmed once, then left unresolved."""
-        for test in self.tests:
-            if test.purpose != "round 1" or test.result.passed:
-                continue
-            a, b = test.pair
-            explained = a in self.bad or b in self.bad
-            for node, partner in ((a, b), (b, a)):
-                if node not in self.cleared:
-                    continue
-                self.cleared.discard(node)
-                if explained:
-                    self.references.append(node)
-                elif node in self.confirmed:
-                    self.unresolved[node] = (
-                        f"failed once with {partner} ({test.result.figure}), then passed twice with "
-                        "nodes that passed their own pairs: intermittent"
-                    )
+            test = PairTest(self.rounds, pair, result, purpose)
+            self.tests.append(test)
+            for node, partner in ((pair[0], pair[1]), (pair[1], pair[0])):
+                if purpose != "round 1":
+                    self._retests[node] = self._retests.get(node, 0) + 1
+                if result.passed:
+                    self._passed_with.setdefault(node, []).append((partner, self.rounds))
                 else:
-                    self.confirmed.add(node)
-                    self.pending[node] = f"round 1 with {partner}, not reproduced: {test.result.figure}"
+                    self._failed_with.setdefault(node, []).append((partner, test))
+        self._name()
+        self._give_up()
+
+    def _culprits(self) -> set[str]:
+        """Named nodes and intermittent ones with two witnesses: their failures explain their partners'."""
+        return self._evident
+
+    def _witnesses(self, node: str) -> list[tuple[str, PairTest]]:
+        """Partners the node failed with that passed with another node after that failure, and that failed
+        with no other node that is not a culprit: evidence that the node, not the partner, is at fault."""
+        culprits = self._culprits()
+        out: dict[str, PairTest] = {}
+        for partner, test in self._failed_with.get(node, []):
+            if partner in culprits or partner in out:
+                continue
+            # A pass before the failure proves nothing: a flapping reference passes, then fails.
+            vouched = self._passed_after(partner, test, exclude=node)
+            clean = all(p == node or p in culprits for p, _t in self._failed_with.get(partner, []))
+            if vouched and clean:
+                out[partner] = test
+        return list(out.items())
+
+    def _passed_after(self, node: str, test: PairTest, exclude: str = "") -> set[str]:
+        return {p for p, r in self._passed_with.get(node, []) if r > test.round and p != exclude}
+
+    def _name(self) -> None:
+        """Name every node with two witnesses, until naming one explains no further failure: drained
+        when it never passed a pair test, else intermittent (unresolved, and its partners explained)."""
+        changed = True
+        while changed:
+            changed = False
+            for node in self.nodes:
+                if node in self.bad or node in self._evident:
+                    continue
+                witnesses = self._witnesses(node)
+                if len(witnesses) < 2:
+                    continue
+                figures = "; ".join(f"round {t.round} with {p}: {t.result.figure}" for p, t in witnesses[:2])
+                passed = sorted({p for p, _r in self._passed_with.get(node, [])}, key=natural)
+                if passed:
+                    self._evident.add(node)
+                    self.unresolved[node] = f"{figures}; but passed with {', '.join(passed)}: intermittent"
+                else:
+                    self.bad[node] = figures
+                    self._evident.add(node)
+                    self.unresolved.pop(node, None)
+                changed = True
+
+    def _unexplained(self, node: str) -> list[tuple[str, PairTest]]:
+        culprits = self._culprits()
+        return [(p, t) for p, t in self._failed_with.get(node, []) if p not in culprits]
+
+    def unexplained(self, node: str) -> list[str]:
+        """The partners of the node's failures that no culprit explains."""
+        return sorted({p for p, _t in self._unexplained(node)}, key=natural)
+
+    def _needs_test(self, node: str) -> bool:
+        """A pass after each unexplained failure (to vouch against its partner), or a second one where
+        the partner passed after it too and failed with nobody else (a failure that did not come back)."""
+        if node not in self._passed_with and node not in self._failed_with:
+            return True
+        for partner, test in self._unexplained(node):
+            after = self._passed_after(node, test)
+            if not after:
+                return True
+            if self._passed_after(partner, test) and len(after) < 2 and self._alone_failure(partner, node):
+                return True
+        return False
+
+    def _alone_failure(self, partner: str, node: str) -> bool:
+        culprits = self._culprits()
+        return all(p == node or p in culprits for p, _t in self._failed_with.get(partner, []))
+
+    def _give_up(self) -> None:
+        for node in self.nodes:
+            if node in self.bad or node in self.unresolved:
+                continue
+            failed = self._unexplained(node)
+            if not failed:
+                continue
+            partners = ", ".join(self.unexplained(node))
+            if all(
+                len(self._passed_after(node, t)) >= 2
+                and self._passed_after(p, t)
+                and self._alone_failure(p, node)
+                for p, t in failed
+            ):
+                self.unresolved[node] = (
+                    f"failed with {partners}, then passed twice while it passed too: intermittent, "
+                    "not pinned on a node"
+                )
+            elif self._retests.get(node, 0) >= RETESTS and self._needs_test(node):
+                self.unresolved[node] = (
+                    f"failed with {partners}; {RETESTS} re-tests did not name it or a partner"
+                )
+
+    def finish(self) -> None:
+        """After the last round: a failure still unexplained leaves both its nodes unresolved."""
+        for node in self.nodes:
+            if node not in self.bad and node not in self.unresolved and self._unexplained(node):
+                self.unresolved[node] = (
+                    f"failed with {', '.join(self.unexplained(node))}, not pinned on a node"
+                )
+
+    def _pending(self) -> list[str]:
+        """Nodes to test in the next round: never in a pair test, or without the passes _needs_test asks."""
+        out = [
+            n for n in self.nodes if n not in self.bad and n not in self.unresolved and self._needs_test(n)
+        ]
+        # Those that never passed first: they are the suspects; a reference that took part in a
+        # failure only needs a pass again to vouch for its partner's guilt.
+        return sorted(out, key=lambda n: (bool(self._passed_with.get(n)), natural(n)))
+
+    def _trusted(self, pending: Sequence[str]) -> list[str]:
+        """References: passed a pair test, with no unexplained failure."""
+        waiting = set(pending)
+        return [
+            n
+            for n in self.nodes
+            if n not in waiting
+            and n not in self.bad
+            and n not in self.unresolved
+            and n in self._passed_with
+            and not self._unexplained(n)
+        ]
+
+    def _failed_together(self, a: str, b: str) -> bool:
+        return any(p == b for p, _t in self._failed_with.get(a, []))
+
+    def _partner(self, node: str, candidates: Sequence[str], used: set[str]) -> str | None:
+        """A candidate the node has not been tested with, else one it passed with (a re-test that
+        vouches for it again), never one it failed with."""
+        free = [c for c in candidates if c != node and c not in used and not self._failed_together(node, c)]
+        passed = {p for p, _r in self._passed_with.get(node, [])}
+        return next((c for c in free if c not in passed), next(iter(free), None))
 
     def next_round(self) -> tuple[list[Pair], str]:
-        """The next isolation round's pairs (suspect, reference) and their purpose; [] when done."""
-        if not self.pending:
+        """The next round's pairs (suspect, partner) and their purpose; [] when done."""
+        pending = self._pending()
+        if not pending:
             return [], ""
-        usable = [
-            r
-            for r in self.references
-            if r not in self.bad and r not in self.pending and r not in self.unresolved
+        references = self._trusted(pending)
+        load = {r: len(self._passed_with.get(r, [])) + len(self._failed_with.get(r, [])) for r in references}
+        references.sort(key=lambda r: (load[r], natural(r)))
+        used: set[str] = set()
+        pairs: list[Pair] = []
+        for suspect in pending:
+            partner = self._partner(suspect, references, used | {suspect})
+            if partner is not None:
+                used.update((suspect, partner))
+                pairs.append((suspect, partner))
+        purpose = "isolate" if pairs else "re-pair"
+        # Suspects no reference is left for: paired among themselves (a shifted pairing: never the
+        # partner they failed with), so that a passing pair makes references where none passed round 1.
+        # Nodes waiting on a partner's verdict first: they passed after their failure.
+        waiting = [
+            n
+            for n in self.nodes
+            if n not in self.bad
+            and n not in self.unresolved
+            and n not in pending
+            and self._passed_with.get(n)
         ]
-        if not usable:
-            for node, why in self.pending.items():
-                if why == LEFT_OVER:
-                    self.unpaired[node] = "no other node passed alone: not tested in a pair"
-                else:
-                    self.unresolved[node] = f"{why}; no node passed a pair to test it against"
-            self.pending.clear()
-            return [], ""
-        # The least used references first, so that no reference carries every suspect.
-        load = {r: sum(1 for t in self.tests if r in t.pair) for r in usable}
-        usable.sort(key=lambda r: (load[r], natural(r)))
-        suspects = sorted(self.pending, key=natural)[: len(usable)]
-        purpose = "confirm" if all(s in self.confirmed for s in suspects) else "isolate"
-        return list(zip(suspects, usable, strict=False)), purpose
+        others = [*waiting, *pending]
+        for suspect in pending:
+            if suspect in used:
+                continue
+            partner = self._partner(suspect, others, used)
+            if partner is not None:
+                used.update((suspect, partner))
+                pairs.append((suspect, partner))
+        if not pairs:
+            for node in pending:
+                failed = self.unexplained(node)
+                partners = ", ".join(sorted(set(failed), key=natural))
+                self.unresolved[node] = (
+                    f"failed with {partners}; no other node to test it with" if failed else NO_PAIR
+                )
+        return pairs, purpose
 
     @property
     def passed(self) -> list[str]:
@@ -298,6 +410,7 @@ def run(
     while True:
         pairs, purpose = search.next_round()
         if not pairs:
+            search.finish()
             break
         say(f"stage 2/3: pairs round {search.rounds + 1} ({purpose}): {len(pairs)} pairs")
         search.record(tester.pairs(pairs), purpose)
@@ -329,13 +442,14 @@ def _verdicts(
         elif node in search.unresolved:
             out[node] = NodeVerdict(node, NodeStatus.UNRESOLVED, STAGE_PAIRS, search.unresolved[node])
         else:
-            out[node] = NodeVerdict(node, NodeStatus.ACCEPTED, "", search.unpaired.get(node, ""))
+            out[node] = NodeVerdict(node, NodeStatus.ACCEPTED)
     return out
 
 
 @dataclass(frozen=True)
 class Projection:
-    """The stages' wall time before they start: one node stage, two pair rounds, log2(N) doubling steps."""
+    """The stages' wall time before they start, at most: one node stage, 1 + RETESTS pair rounds,
+    log2(N) doubling steps."""
 
     nodes: int
     node_stage_s: float
@@ -348,7 +462,9 @@ class Projection:
 
     @property
     def pair_rounds(self) -> int:
-        return 2 if self.nodes >= 2 else 0
+        """Round 1 and at most RETESTS re-test rounds (while references suffice): the bound, not the
+        healthy case's one round."""
+        return 1 + RETESTS if self.nodes >= 2 else 0
 
     @property
     def total_s(self) -> float:
@@ -357,8 +473,8 @@ class Projection:
     def describe(self) -> str:
         minutes = self.total_s / 60
         return (
-            f"projected wall time for {self.nodes} nodes: about {minutes:.0f} min "
+            f"projected wall time for {self.nodes} nodes: at most about {minutes:.0f} min "
             f"(node stage {self.node_stage_s / 60:.0f} min + {self.pair_rounds} pair rounds x "
             f"{self.pair_round_s / 60:.0f} min + {self.steps} doubling steps x {self.step_s / 60:.0f} min; "
-            "a third pair round only if a failure does not reproduce)"
+            "one pair round when every pair passes; more waves if over a quarter of the nodes fail pairs)"
         )
