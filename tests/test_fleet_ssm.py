@@ -77,7 +77,7 @@ def test_rendering_replaces_every_placeholder_with_a_declared_parameter() -> Non
 # --- the node-side script, with a fake Slurm node -----------------------------------------------------------
 
 STUB = """#!{python}
-import json, os, sys
+import json, os, sys, time
 path = os.environ["FAKE_STATE"]
 state = json.load(open(path))
 name = os.path.basename(sys.argv[0])
@@ -148,6 +148,18 @@ elif name == "squeue":
 elif name == "entry":
     state["excluded_during_apply"] = state["config"]["SuspendExcNodes"]
     code = state["entry_rc"]
+    if state.get("entry_then") == "killed":
+        # Systems Manager stops the step (its timeout, a cancel): the agent kills the step's process group.
+        json.dump(state, open(path, "w"))
+        os.killpg(os.getpgid(0), 9)
+    if state.get("entry_then") == "reconfigure":
+        # `scontrol reconfigure` (ParallelCluster's update-cluster) while the change runs: slurmctld takes
+        # SuspendExcNodes from slurm.conf again and the runtime addition is gone.
+        state["config"]["SuspendExcNodes"] = state["config_suspend_exc"]
+        json.dump(state, open(path, "w"))
+        time.sleep(3)
+        state = json.load(open(path))
+        state["excluded_after_reconfigure"] = state["config"]["SuspendExcNodes"]
     print("TASK [configure] ok" if code == 0 else "gpuforge-node: error: nccl_tuning failed: disk full")
 json.dump(state, open(path, "w"))
 sys.exit(code)
@@ -167,6 +179,7 @@ class FakeNode:
         for name in ("hostname", "scontrol", "squeue", "entry"):
             (self.bin / name).symlink_to(stub)
         self.path = tmp / "state.json"
+        self.marks = tmp / "marks"  # the node's /var/lib/gpuforge/fleet-apply
         self.state: dict[str, Any] = {
             "short": short,
             "ip": ip,
@@ -194,9 +207,21 @@ class FakeNode:
         given = {"EntryPoint": str(self.bin / "entry"), "PollSeconds": "1", **params}
         script = self.tmp / "script.sh"
         script.write_text(document.render(_doc(), given))
-        env = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", "FAKE_STATE": str(self.path)}
+        env = {
+            **os.environ,
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "FAKE_STATE": str(self.path),
+            "GPUFORGE_APPLY_STATE_DIR": str(self.marks),
+        }
+        # A process group of its own, as the agent gives a step (a "killed" entry kills that group).
         result = subprocess.run(
-            ["sh", str(script)], capture_output=True, text=True, env=env, timeout=120, check=False
+            ["sh", str(script)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+            start_new_session=True,
         )
         self.state = json.loads(self.path.read_text())
         return result
@@ -652,6 +677,7 @@ def power_saving(node: FakeNode, excluded: str = "(null)", runtime: bool = True)
         "SuspendTime": "600 sec",
     }
     node.state["runtime_suspend_exc"] = runtime
+    node.state["config_suspend_exc"] = excluded  # what slurm.conf says: a reconfigure's list
 
 
 def test_with_power_saving_the_node_is_excluded_while_it_is_changed(tmp_path: Path) -> None:
@@ -690,18 +716,68 @@ def test_a_node_the_configuration_excludes_stays_excluded(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    ("excluded", "runtime"),
-    [("(null)", False), ("gpu-dy-p5-[1-9]:2", True)],
+    ("excluded", "runtime", "why"),
+    [
+        (
+            "(null)",
+            False,
+            # scontrol's own message, then the likely cause.
+            "scontrol update SuspendExcNodes+=node1 failed: Invalid input: SuspendExcNodes+=node1 "
+            "(the += form needs Slurm 23.02 or newer)",
+        ),
+        (
+            "gpu-dy-p5-[1-9]:2",
+            True,
+            "SuspendExcNodes=gpu-dy-p5-[1-9]:2 uses the nodes:count form, which scontrol cannot add to",
+        ),
+    ],
     ids=["slurm-22.05", "nodes-count-form"],
 )
 def test_without_a_way_to_exclude_the_node_nothing_is_changed(
-    tmp_path: Path, excluded: str, runtime: bool
+    tmp_path: Path, excluded: str, runtime: bool, why: str
 ) -> None:
     node = FakeNode(tmp_path)
     node.add("node1", addr="10.0.0.5")
     power_saving(node, excluded=excluded, runtime=runtime)
     run = node.run(HoldWith="reservation")
     assert run.returncode == 1
-    assert "cannot keep node1 from power saving during the change" in run.stdout
+    assert (
+        f"FAILED: cannot keep node1 from power saving during the change ({why}): nothing was changed"
+        in run.stdout
+    ), run.stdout
     assert not any(c.startswith(("scontrol create", "entry")) for c in node.state["calls"])
     assert node.state["reservations"] == {} and node.state["config"]["SuspendExcNodes"] == excluded
+
+
+def test_an_exclusion_left_by_a_stopped_step_is_taken_out_by_the_next_apply(tmp_path: Path) -> None:
+    """A step Systems Manager stops mid-apply leaves its runtime += behind; the next apply on the node
+    must not take it for the configuration's exclusion: it ends it."""
+    node = FakeNode(tmp_path, short="ip-10-0-0-5", ip="10.0.0.5")
+    node.add("gpu-dy-p5-1", addr="10.0.0.5", hostname="ip-10-0-0-5")
+    power_saving(node)
+    node.state["entry_then"] = "killed"
+    killed = node.run(HoldWith="reservation")
+    assert killed.returncode != 0
+    assert node.state["config"]["SuspendExcNodes"] == "gpu-dy-p5-1"  # left behind
+    node.state["entry_then"] = ""
+    node.state["reservations"] = {}  # expired (its Duration), as the document's comment says
+    again = node.run(HoldWith="reservation")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "from an earlier step that did not end" in again.stdout
+    assert node.state["excluded_during_apply"] == "gpu-dy-p5-1"
+    assert node.state["config"]["SuspendExcNodes"] == "(null)"
+    assert not list(node.marks.iterdir())
+
+
+def test_an_exclusion_a_reconfigure_drops_is_made_again_while_the_change_runs(tmp_path: Path) -> None:
+    """scontrol reconfigure (ParallelCluster's update-cluster) resets SuspendExcNodes to slurm.conf's
+    list; ReconfigFlags=KeepPowerSaveSettings, which ParallelCluster does not set, would keep it."""
+    node = FakeNode(tmp_path, short="ip-10-0-0-5", ip="10.0.0.5")
+    node.add("gpu-dy-p5-1", addr="10.0.0.5", hostname="ip-10-0-0-5")
+    power_saving(node, excluded="gpu-st-p5-[1-2]")
+    node.state["entry_then"] = "reconfigure"
+    run = node.run(HoldWith="reservation", PollSeconds="1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "added again" in run.stdout
+    assert node.state["excluded_after_reconfigure"] == "gpu-st-p5-[1-2],gpu-dy-p5-1"
+    assert node.state["config"]["SuspendExcNodes"] == "gpu-st-p5-[1-2]"
