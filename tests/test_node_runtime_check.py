@@ -86,3 +86,14 @@ def test_a_missing_dependency_is_a_change(tmp_path: Path) -> None:
 def test_no_venv_is_a_change(tmp_path: Path) -> None:
     """A fresh host: no venv, so the check reports that one would be made."""
     assert changed_in_check_mode(tmp_path) == 1
+
+
+def test_names_spelled_otherwise_in_the_metadata_are_the_same_distributions(tmp_path: Path) -> None:
+    """pip freeze prints each distribution's own metadata Name: a venv whose metadata says jinja2,
+    pyyaml, ansible_core, markupsafe and python_dateutil holds the pins Jinja2, PyYAML, ansible-core,
+    MarkupSafe and python-dateutil (PEP 503 names): nothing would change."""
+    respelled = {"Jinja2": "jinja2", "PyYAML": "pyyaml", "ansible-core": "ansible_core"}
+    respelled |= {"MarkupSafe": "markupsafe", "python-dateutil": "Python.Dateutil"}
+    assert set(respelled) <= set(PINS)
+    venv_holding(tmp_path, {respelled.get(name, name): version for name, version in PINS.items()})
+    assert changed_in_check_mode(tmp_path) == 0
