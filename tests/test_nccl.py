@@ -44,6 +44,7 @@ B200 = FIXTURES / "dstack-lambda-b200-banner-termy.log"
 NEBIUS = FIXTURES / "dstack-nebius-concluded-termy.log"
 ALLTOALL = FIXTURES / "nccl-tests-issue287-alltoall-1gpu.log"
 SYNTHETIC_C_S = FIXTURES / "synthetic-cputime-timestamp.log"
+SYNTHETIC_PIN = FIXTURES / "synthetic-v2.19.6-default.log"
 SBATCH = Path(__file__).resolve().parents[1] / "scripts" / "slurm" / "nccl-allreduce.sbatch"
 
 
@@ -244,6 +245,22 @@ def test_cputime_and_timestamp_columns() -> None:
     assert run.rows[-1].in_place.busbw_gb_s == 466.31
     assert run.collective == "all_reduce" and run.nccl_version == "2.26.2"
     assert len(run.hosts) == 2
+
+
+def test_the_pinned_releases_default_output_is_read() -> None:
+    """nccl-tests 2.19.6 (the versions.yml pin) as it prints a default run (no -C, -S or per-iteration
+    timing): built from its src/util.cu format strings (the fixture's README), since no published 2.19.6
+    log was found."""
+    run = only(SYNTHETIC_PIN)
+    assert run.complete and run.collective == "all_reduce"
+    assert [r.size_bytes for r in run.rows] == [1 << n for n in range(20, 31)]
+    assert run.rows[-1].out_of_place.time_us == 13461.8 and run.rows[-1].in_place.busbw_gb_s == 119.64
+    assert all(r.root == -1 and r.out_of_place.wrong == 0 and r.in_place.wrong == 0 for r in run.rows)
+    assert [(d.rank, d.host, d.device) for d in run.devices] == [
+        (0, "node-a", 0), (1, "node-a", 1), (2, "node-b", 0), (3, "node-b", 1)
+    ]  # fmt: skip
+    assert run.avg_busbw_gb_s == 93.7864 and run.out_of_bounds == 0 and run.max_bytes == 1 << 30
+    assert run.nccl_version == "2.30.7"
 
 
 def test_old_layout_has_no_root_and_a_float_error_column() -> None:
