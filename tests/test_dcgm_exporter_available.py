@@ -21,13 +21,18 @@ from localplay import REPO, record, run_cases
 ROLE = REPO / "roles/dcgm"
 PINS = versions.load().components["dcgm_exporter"]
 PACKAGE_VERSION = str(PINS["package_version"])
+CHECK_MODE_FRESH = "check-mode-without-the-repository"
 CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64  Packages"
 
 FAKE_DPKG_QUERY = """#!/bin/sh
-# TEST DOUBLE of dpkg-query --show: the case's installed exporter version, or none (exit 1).
+# TEST DOUBLE of dpkg-query --show --showformat=FORMAT PACKAGE: FORMAT with ${{db:Status-Abbrev}} and
+# ${{Version}} filled from the case's package record ("<status abbreviation> <version>"), or not known to
+# dpkg (exit 1). dpkg prints a version for a package removed with its configuration files left ("rc").
 here=$(dirname "$0")
-[ -s "$here/installed" ] || {{ echo "dpkg-query: no packages found matching $4" >&2; exit 1; }}
-printf %s "$(cat "$here/installed")"
+[ -s "$here/installed" ] || {{ echo "dpkg-query: no packages found matching $3" >&2; exit 1; }}
+read -r status version < "$here/installed"
+format=${{2#--showformat=}}
+printf %s "$format" | sed -e "s/\\${{db:Status-Abbrev}}/$status /" -e "s/\\${{Version}}/$version/"
 """
 
 FAKE_APT_CACHE = """#!{python}
@@ -40,15 +45,23 @@ for version in open(os.path.join(here, "offered")).read().split():
     print(f"{{sys.argv[2]}} | {{version}} | {repo}")
 """
 
-# case -> (versions of datacenter-gpu-manager-exporter the repository offers, version installed)
+# case -> (versions of datacenter-gpu-manager-exporter the repository offers, its dpkg status and version)
 CASES: dict[str, tuple[list[str], str]] = {
     "offers-the-pin": (["4.8.4.3955-1", PACKAGE_VERSION, "4.8.2-1"], ""),
     # A build of the same exporter release with another number is not the pinned package.
     "offers-another-build-of-the-release": ([PACKAGE_VERSION.replace("-1", ".4100-1"), "4.8.2-1"], ""),
+    # The two other namings of 4.10.0 NVIDIA might use (its DCGM packages carry an epoch): refused, named.
+    "offers-a-numbered-build": (["4.10.0.4321-1"], ""),
+    "offers-the-release-with-an-epoch": (["1:4.10.0-1"], ""),
     "offers-nothing": ([], ""),
     # The pin is already installed: nothing is asked of the repositories (NVIDIA may drop old builds).
-    "installed-pin-needs-no-repository": ([], PACKAGE_VERSION),
-    "installed-older-build-still-checked": ([], "4.8.2-1"),
+    "installed-pin-needs-no-repository": ([], f"ii {PACKAGE_VERSION}"),
+    "installed-older-build-still-checked": ([], "ii 4.8.2-1"),
+    # Removed with its configuration files left: dpkg-query still shows the version; it is not installed.
+    "removed-pin-still-checked": ([], f"rc {PACKAGE_VERSION}"),
+    # Check mode on a fresh host: the CUDA repository's sources file is not written yet, madison lists
+    # nothing; the check is reported, not failed.
+    CHECK_MODE_FRESH: ([], ""),
 }
 
 
@@ -62,6 +75,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         directory.mkdir()
         (directory / "offered").write_text(" ".join(offered) + "\n")
         (directory / "installed").write_text(installed)
+        if case != CHECK_MODE_FRESH:
+            # The CUDA repository's deb822 file, as nvidia_apt_repo writes it (only its presence is read).
+            (directory / "nvidia-cuda.sources").write_text("# TEST FIXTURE\n")
         (directory / "dpkg-query").write_text(FAKE_DPKG_QUERY.format())
         (directory / "dpkg-query").chmod(0o755)
         fake = directory / "apt-cache"
@@ -77,6 +93,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                         "vars": {
                             "_dcgm_exporter_package": role_vars["_dcgm_exporter_package"],
                             "dcgm_exporter_package_version": PACKAGE_VERSION,
+                            "nvidia_apt_repo_sources_dir": str(directory),
                         },
                     },
                     record(case, "passed"),
@@ -86,13 +103,21 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_cases(root, cases, {"gpuforge_versions": {}, "gpuforge_common_imds_enabled": False})
 
 
-@pytest.mark.parametrize("case", ["offers-the-pin", "installed-pin-needs-no-repository"])
+@pytest.mark.parametrize("case", ["offers-the-pin", "installed-pin-needs-no-repository", CHECK_MODE_FRESH])
 def test_the_pinned_package_version_passes(outcomes: dict[str, Any], case: str) -> None:
     assert outcomes[case] == "passed"
 
 
 @pytest.mark.parametrize(
-    "case", ["offers-another-build-of-the-release", "offers-nothing", "installed-older-build-still-checked"]
+    "case",
+    [
+        "offers-another-build-of-the-release",
+        "offers-a-numbered-build",
+        "offers-the-release-with-an-epoch",
+        "offers-nothing",
+        "installed-older-build-still-checked",
+        "removed-pin-still-checked",
+    ],
 )
 def test_a_repository_without_the_exact_version_stops_the_role_naming_what_it_offers(
     outcomes: dict[str, Any], case: str
