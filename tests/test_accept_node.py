@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuforge import cli as gpuforge_cli
 from gpuforge.accept import nodecheck, slurm, stages
@@ -182,8 +183,63 @@ def test_the_multi_node_environment_is_the_sbatch_scripts() -> None:
     for name, value in re.findall(r'^export (\w+)="?([^"\n]*)"?$', text, re.MULTILINE):
         default = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
         found[name] = default.group(1) if default else value
-    found["LD_LIBRARY_PATH"] = found["LD_LIBRARY_PATH"].split("${")[0].rstrip(":")
+    adopted = "${NCCL_TESTS_LIBRARY_PATH:+${NCCL_TESTS_LIBRARY_PATH}:}"
+    assert found["LD_LIBRARY_PATH"].startswith(adopted)
+    found["LD_LIBRARY_PATH"] = found["LD_LIBRARY_PATH"].removeprefix(adopted).split("${")[0].rstrip(":")
     assert found == stages.NCCL_ENV
+
+
+def _prefix_with_env(root: Path, library_path: str) -> Path:
+    """An nccl-tests prefix as the nccl_tests role leaves it: build/all_reduce_perf (here a script printing
+    its LD_LIBRARY_PATH) and the launch environment beside build/ (roles/nccl_tests: nccl_tests_env_file)."""
+    (root / "build").mkdir(parents=True)
+    binary = root / "build/all_reduce_perf"
+    binary.write_text('#!/bin/sh\necho "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"\n')
+    binary.chmod(0o755)
+    (root / "env").write_text(f"# TEST FIXTURE\nNCCL_TESTS_LIBRARY_PATH={library_path}\n")
+    return binary
+
+
+def test_both_launchers_put_the_adopted_builds_library_directory_first(tmp_path: Path) -> None:
+    """The role's env file names the adopted base build's NCCL directory (the DLAMI's
+    /usr/local/cuda-13.0/lib): the sbatch script (run here with an srun TEST DOUBLE that runs its command)
+    and gpuforge accept's node command both put it first on LD_LIBRARY_PATH; without the file, neither adds
+    anything."""
+    defaults = yaml.safe_load((REPO / "roles/nccl_tests/defaults/main.yml").read_text())
+    assert defaults["nccl_tests_env_file"] == "{{ nccl_tests_prefix }}/env"
+    binary = _prefix_with_env(tmp_path / "prefix", "/usr/local/cuda-13.0/lib")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nexec "$@"\n')
+    (fake / "srun").chmod(0o755)
+    env = {
+        "PATH": f"{fake}:/usr/bin:/bin",
+        "NCCL_TESTS_BIN": str(binary),
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_NTASKS": "1",
+    }
+    script = REPO / "scripts/slurm/nccl-allreduce.sbatch"
+    sbatch = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+    launched = subprocess.run(
+        ["bash", "-c", stages.LAUNCH, "nccl-tests", str(binary), "-b", "8"],
+        env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": stages.NCCL_ENV["LD_LIBRARY_PATH"]},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for out in (sbatch.stdout, launched.stdout):
+        line = next(x for x in out.splitlines() if x.startswith("LD_LIBRARY_PATH="))
+        assert line.startswith("LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib:/opt/amazon/ofi-nccl/lib:"), out
+    (tmp_path / "prefix/env").unlink()
+    bare = subprocess.run(
+        ["bash", "-c", stages.LAUNCH, "nccl-tests", str(binary)],
+        env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/x"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert bare.stdout == "LD_LIBRARY_PATH=/x\n"
 
 
 @pytest.mark.parametrize(

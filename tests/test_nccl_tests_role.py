@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+import twinlab
 from gpuforge import versions
 from gpuforge.nccl import cli as nccl_cli
 from gpuforge.nccl.evaluate import THRESHOLD
@@ -70,21 +71,6 @@ def _wanted(case_dir: Path, mpi_h: bytes) -> dict[str, str]:
     }
 
 
-def standin_base_build(version: str | None, *, mpi: bool = True, extra: tuple[str, ...] = ()) -> bytes:
-    """TEST DOUBLE of a base image's all_reduce_perf as the role reads it: the strings a 2.17.4+ build
-    carries (the banner's format, NCCL_TESTS_VERSION, libmpi among its needed libraries), NUL-separated
-    as in the binary's string tables, amid other bytes. None: a build from before the banner (no release
-    string, no banner)."""
-    strings = [b"\x7fELF\x02\x01\x01", b"libcudart.so.13", b"libnccl.so.2"]
-    if mpi:
-        strings.append(b"libmpi.so.40")
-    if version is not None:
-        strings += [b"# nccl-tests version %s nccl-headers=%d nccl-library=%d\n", version.encode()]
-    strings += [release.encode() for release in extra]
-    strings.append(b"GCC: (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0")
-    return b"\0".join(strings) + b"\0"
-
-
 # A base image's build: (release in its banner or None, links libmpi, other X.Y.Z strings in it)
 BASES: dict[str, tuple[str | None, bool, tuple[str, ...]]] = {
     "base-newer-than-pin": ("9.1.0", True, ()),
@@ -92,9 +78,17 @@ BASES: dict[str, tuple[str | None, bool, tuple[str, ...]]] = {
     "base-below-floor": ("2.17.3", True, ()),
     "base-before-the-banner": (None, True, ()),
     "base-without-mpi": ("2.18.0", False, ()),
+    # Without MPI a base build is no candidate whatever its release: the pin is built beside it, never kept
+    # because it equals the pin, never refused as a downgrade (gpuforge builds into its own prefix).
+    "base-at-pin-without-mpi": (PIN, False, ()),
+    "base-newer-than-pin-without-mpi": ("9.1.0", False, ()),
     "base-release-ambiguous": ("9.1.0", True, ("9.2.0",)),
     "gpuforge-build-beside-base": ("9.1.0", True, ()),
+    # Linked with MPI, but its libnccl does not resolve with the library directory the launch would use.
+    "base-nccl-unresolved": ("9.1.0", True, ()),
 }
+# Base builds whose libnccl.so.2 is not put in the library directory (nccl_tests_base_library_dir).
+NCCL_MISSING = {"base-nccl-unresolved"}
 
 # case -> (record to leave, or None; binary present; mpi.h present; extra role variables)
 CASES: dict[str, tuple[dict[str, str] | None, bool, bool, dict[str, Any]]] = {
@@ -127,12 +121,24 @@ EXPECTED: dict[str, tuple[str, bool] | str] = {
     "base-below-floor": ("install", True),
     "base-before-the-banner": ("install", True),
     "base-without-mpi": ("install", True),
+    "base-at-pin-without-mpi": ("install", True),
+    "base-newer-than-pin-without-mpi": ("install", True),
     "base-release-ambiguous": ("install", True),
+    "base-nccl-unresolved": ("install", True),
     # gpuforge's own build is judged first: the base's is not adopted over it.
     "gpuforge-build-beside-base": ("keep", False),
 }
 # Where the decision uses the base image's build in place (<prefix>/build links to it).
 ADOPTED = {"base-newer-than-pin", "base-at-pin"}
+# Base builds found but not candidates: the manifest entry says why (what the reason names).
+NOT_CANDIDATES = {
+    "base-without-mpi": "does not link libmpi",
+    "base-at-pin-without-mpi": "does not link libmpi",
+    "base-newer-than-pin-without-mpi": "does not link libmpi",
+    "base-before-the-banner": "shows no single nccl-tests release",
+    "base-release-ambiguous": "shows no single nccl-tests release",
+    "base-nccl-unresolved": "libnccl.so.2 does not resolve",
+}
 
 
 FRESH = "check-mode-fresh-host"
@@ -156,14 +162,23 @@ def _prepare(root: Path, case: str) -> dict[str, Any]:
     if recorded is not None:
         (base / "prefix/gpuforge-build.json").write_text(json.dumps({**_wanted(base, mpi_h), **recorded}))
     if case in BASES:
+        # The twin's stand-in (a real ELF program needing libnccl.so.2, and libmpi.so.40 when linked with
+        # MPI), its libraries where the launch's library path finds them: NCCL in the base's library
+        # directory, Open MPI's under the MPI home.
         release, links_mpi, extra = BASES[case]
+        built = twinlab.nccl_tests_standin(base / "standin", release, links_mpi=links_mpi, extra=extra)
         (base / "base-build").mkdir()
-        (base / "base-build/all_reduce_perf").write_bytes(
-            standin_base_build(release, mpi=links_mpi, extra=extra)
-        )
+        (base / "base-build/all_reduce_perf").write_bytes(built["all_reduce_perf"])
         (base / "base-build/all_reduce_perf").chmod(0o755)
+        (base / "base-lib").mkdir()
+        if case not in NCCL_MISSING:
+            (base / "base-lib/libnccl.so.2").write_bytes(built["libnccl.so.2"])
+        if links_mpi:
+            (base / "mpi/lib").mkdir(parents=True)
+            (base / "mpi/lib/libmpi.so.40").write_bytes(built["libmpi.so.40"])
     return {
         "nccl_tests_base_dirs": [str(base / "no-such-dir"), str(base / "base-build")],
+        "nccl_tests_base_library_dir": str(base / "base-lib"),
         "nccl_tests_prefix": str(base / "prefix"),
         "nccl_tests_cuda_home": str(base / "cuda"),
         "nccl_tests_mpi_home": str(base / "mpi"),
@@ -222,6 +237,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     "source": "{{ gpuforge_reality.nccl_tests.source }}",
                     "version": "{{ gpuforge_reality.nccl_tests.version }}",
                     "adopted_dir": "{{ _nccl_tests_adopted_dir }}",
+                    "entry_dir": "{{ gpuforge_reality.nccl_tests.dir | default('') }}",
+                    "library_path": "{{ _nccl_tests_library_path }}",
+                    "reason": "{{ gpuforge_reality.nccl_tests.reason }}",
                 },
             )
         ]
@@ -250,6 +268,16 @@ def test_build_decision(outcomes: dict[str, Any], case: str) -> None:
     action, build = expected
     adopted_dir = got.pop("adopted_dir")
     version = got.pop("version")
+    # The manifest entry names the base build it uses, or says why a base build found is not used.
+    entry_dir, reason = got.pop("entry_dir"), got.pop("reason")
+    assert entry_dir == (adopted_dir if case in ADOPTED else ""), (entry_dir, adopted_dir)
+    # The launch environment the role writes names the adopted build's library directory, else nothing.
+    library_path = got.pop("library_path")
+    assert library_path == (str(Path(adopted_dir).parent / "base-lib") if case in ADOPTED else ""), (
+        library_path
+    )
+    if case in NOT_CANDIDATES:
+        assert NOT_CANDIDATES[case] in reason and "/base-build/all_reduce_perf" in reason, reason
     assert got == {"action": action, "build": build, "source": "gpuforge"} or (
         # keep: the source stays what the previous manifest said (none here: base_image by default).
         action in ("keep", "adopt") and got == {"action": action, "build": build, "source": "base_image"}
@@ -413,8 +441,9 @@ def _exports(text: str) -> dict[str, str]:
 def test_sbatch_sets_what_an_srun_launch_of_the_efa_open_mpi_needs() -> None:
     """Under srun there is no mpirun to pass --mca flags: the script exports what AWS passes when it launches
     nccl-tests with the EFA installer's Open MPI (pml ^cm,ucx, btl tcp,self and the TCP interfaces to leave
-    out: awsome-distributed-training's srun images, e.g. 3.test_cases/megatron/nemo/Dockerfile), and the PMIx datastore both PMIx releases of an srun launch share
-    (slurmstepd's and Open MPI 4.1's; open-mpi/ompi#7516). Each is a default the caller can override."""
+    out: awsome-distributed-training's srun images, e.g. 3.test_cases/megatron/nemo/Dockerfile), and the
+    PMIx datastore both PMIx releases of an srun launch share (slurmstepd's and Open MPI 4.1's;
+    open-mpi/ompi#7516). Each is a default the caller can override."""
     text = SBATCH.read_text()
     exports = _exports(text)
     assert {name: exports.get(name) for name in ("OMPI_MCA_pml", "OMPI_MCA_btl", "PMIX_MCA_gds")} == {

@@ -280,7 +280,9 @@ int main(void) {{
     return 1;
 }}
 """
-STANDIN_LIBRARY = "/* {marker}: stands in for {soname}; no symbols anyone calls. */\nint {symbol}(void) {{ return 0; }}\n"
+STANDIN_LIBRARY = (
+    "/* {marker}: stands in for {soname}; no symbols anyone calls. */\nint {symbol}(void) {{ return 0; }}\n"
+)
 NCCL_SONAME = "libnccl.so.2"
 MPI_SONAME = "libmpi.so.40"
 
@@ -293,7 +295,9 @@ def nccl_tests_standin(
     `version` (None: a build from before the banner, neither) and `extra` X.Y.Z strings, each its own
     NUL-terminated string as in the binary's string tables."""
     workdir.mkdir(parents=True, exist_ok=True)
-    strings = [] if version is None else ["# nccl-tests version %s nccl-headers=%d nccl-library=%d\\n", version]
+    strings = (
+        [] if version is None else ["# nccl-tests version %s nccl-headers=%d nccl-library=%d\\n", version]
+    )
     strings += list(extra)
     built: dict[str, bytes] = {}
     libraries = [NCCL_SONAME] + ([MPI_SONAME] if links_mpi else [])
@@ -313,7 +317,8 @@ def nccl_tests_standin(
         NCCL_TESTS_STANDIN.format(
             marker=MARKER,
             strings="\n".join(
-                f'__attribute__((used)) static const char s{i}[] = "{text}";' for i, text in enumerate(strings)
+                f'__attribute__((used)) static const char s{i}[] = "{text}";'
+                for i, text in enumerate(strings)
             ),
         )
     )

@@ -48,6 +48,16 @@ NCCL_ENV = {
     "OMPI_MCA_btl_tcp_if_exclude": "lo,docker0,veth_def_agent",
     "PMIX_MCA_gds": "hash",
 }
+# Run on each node before all_reduce_perf, as scripts/slurm/nccl-allreduce.sbatch does: source the
+# nccl_tests role's launch environment (<prefix>/env beside the binary's build/ directory) and put the
+# adopted build's library directory (NCCL_TESTS_LIBRARY_PATH, empty for gpuforge's own build) first on
+# LD_LIBRARY_PATH. Arguments: the binary, then its arguments.
+LAUNCH = (
+    'env_file="$(dirname "$(dirname "$1")")/env"; NCCL_TESTS_LIBRARY_PATH=""; '
+    'if [ -r "$env_file" ]; then . "$env_file"; fi; '
+    'export LD_LIBRARY_PATH="${NCCL_TESTS_LIBRARY_PATH:+$NCCL_TESTS_LIBRARY_PATH:}$LD_LIBRARY_PATH"; '
+    'exec "$@"'
+)
 POLL_S = 2.0
 # What every node runs in stage 1 (the wheel carries scripts/slurm with the collection).
 NODE_CHECK = "scripts/slurm/gpuforge-accept-node.sh"
@@ -114,6 +124,10 @@ class SlurmTester:
     def _all_reduce(self, allocation: Allocation, nodes: Sequence[str], log: Path) -> subprocess.Popen[str]:
         o = self.options
         command = [
+            "bash",
+            "-c",
+            LAUNCH,
+            "nccl-tests",
             o.all_reduce,
             "-b",
             "8",
