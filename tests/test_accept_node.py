@@ -7,6 +7,7 @@ Slurm is tests/test_accept_lab.py."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import yaml
 
 from gpuforge import cli as gpuforge_cli
 from gpuforge.accept import nodecheck, slurm, stages
+from gpuforge.errors import ExternalError
 from gpuforge.nccl.evaluate import settings
 from test_fleet_health import HEALTH, config, tools  # noqa: F401 (the health script's fixtures)
 
@@ -45,7 +47,13 @@ def health_report(status: str = "pass", check: str = "gpu_count", detail: str = 
 
 
 def node_check(
-    tmp_path: Path, *, health: str, pingpong_fails: str = "", gpus: int = 8, efa: bool = True
+    tmp_path: Path,
+    *,
+    health: str,
+    pingpong_fails: str = "",
+    gpus: int = 8,
+    efa: bool = True,
+    listing: Path = FI_INFO,
 ) -> str:
     """gpuforge-accept-node.sh's output as srun --label prints task 0's, run here with the stand-ins."""
     bin_dir = tmp_path / "bin"
@@ -60,7 +68,7 @@ def node_check(
     efa_dir = tmp_path / "efa"
     efa_dir.mkdir(exist_ok=True)
     if efa:
-        stand_in(efa_dir, "fi_info", f'[[ "$*" == "-p efa -t FI_EP_RDM" ]] && cat {FI_INFO}')
+        stand_in(efa_dir, "fi_info", f'[[ "$*" == "-p efa -t FI_EP_RDM" ]] && cat {listing}')
         stand_in(
             efa_dir,
             "fi_pingpong",
@@ -103,6 +111,16 @@ def test_a_healthy_node_passes_every_part(tmp_path: Path) -> None:
     assert [d["rc"] for d in verdict.efa] == [0] * 32 and len({d["device"] for d in verdict.efa}) == 32
     assert "efa loopback: 32 of 32 devices" in verdict.result.figure
     assert verdict.allreduce is not None and verdict.result.busbw_gb_s == verdict.allreduce.busbw_gb_s
+
+
+def test_libfabric_2_lists_each_device_twice_and_each_is_looped_back_once(tmp_path: Path) -> None:
+    """libfabric 2.x lists an efa-direct entry per device before the efa ones (the fixture is
+    constructed from ofiwg/libfabric v2.6.0 efa_prov.c): 32 devices, not 64 loopbacks on 32 ports."""
+    listing = REPO / "tests/fixtures/health/fi_info-efa-p5-libfabric2.txt"
+    verdict = judged(tmp_path, node_check(tmp_path, health=health_report(), listing=listing))
+    assert verdict.result.passed, verdict.result.figure
+    assert len(verdict.efa) == 32 and len({d["device"] for d in verdict.efa}) == 32
+    assert "efa loopback: 32 of 32 devices" in verdict.result.figure
 
 
 def test_each_part_fails_the_node_with_its_figure(tmp_path: Path) -> None:
@@ -428,3 +446,266 @@ def test_fake_slurm_report_only_drains_nothing(
     assert gpuforge_cli.main([*fake_cluster["argv"], "--report-only"]) == 1
     assert "--report-only: would drain gpu-st-p4d-2" in capsys.readouterr().out
     assert not (fake_cluster["state"] / "drained.json").exists()
+
+
+def wrap_srun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: Path, body: str) -> None:
+    """A TEST DOUBLE around the fake srun: `body` (bash) runs for the node stage's step (--label),
+    with $REAL the fake srun; other steps go straight to it."""
+    wrap = tmp_path / "wrap"
+    wrap.mkdir()
+    real = state.parent / "fakebin" / "srun"
+    stand_in(
+        wrap,
+        "srun",
+        f'REAL={real}\nif [[ " $* " == *" --label "* ]]; then\n{body}\nfi\nexec "$REAL" "$@"',
+    )
+    monkeypatch.setenv("PATH", f"{wrap}:{os.environ['PATH']}")
+
+
+@pytest.mark.slow
+def test_fake_slurm_a_node_stage_srun_that_fails_drains_nobody(
+    fake_cluster: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The review's case: srun cannot create the step. Before: every node 'no output' -> FAILED -> drained."""
+    wrap_srun(
+        tmp_path,
+        monkeypatch,
+        fake_cluster["state"],
+        "echo 'srun: error: Unable to create step for job 4242: Invalid generic resource (gres) "
+        "specification' >&2; exit 1",
+    )
+    assert gpuforge_cli.main(fake_cluster["argv"]) == 1
+    out = capsys.readouterr().out
+    assert not (fake_cluster["state"] / "drained.json").exists()
+    report = json.loads((fake_cluster["out"] / "report.json").read_text())
+    tested = {n: v for n, v in report["nodes"].items() if v["status"] != "not tested"}
+    assert {v["status"] for v in tested.values()} == {"unresolved"}
+    figure = tested["gpu-st-p4d-1"]["figure"]
+    assert (
+        "no result (no output): the node stage's srun exited 1 (srun: error: Unable to create step" in figure
+    )
+    assert "unresolved gpu-st-p4d-1: node: no result" in out
+
+
+@pytest.mark.slow
+def test_fake_slurm_a_node_stage_cut_by_its_time_limit_leaves_the_rest_unresolved(
+    fake_cluster: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Only task 0 finished before the limit: it is judged; the others are unresolved, not drained."""
+    wrap_srun(
+        tmp_path,
+        monkeypatch,
+        fake_cluster["state"],
+        '"$REAL" "$@" | grep "^0: "\n'
+        "echo 'slurmstepd: error: *** STEP 4242.0 ON gpu-st-p4d-1 CANCELLED AT 2026-12-07T18:00:00 DUE TO "
+        "TIME LIMIT ***'\nexit 1",
+    )
+    monkeypatch.setenv("FAKE_SLOW", "gpu-st-p4d-1")
+    assert gpuforge_cli.main(fake_cluster["argv"]) == 1
+    capsys.readouterr()
+    drained = json.loads((fake_cluster["state"] / "drained.json").read_text())
+    assert list(drained) == ["gpu-st-p4d-1"]
+    report = json.loads((fake_cluster["out"] / "report.json").read_text())
+    for node in ("gpu-st-p4d-2", "gpu-st-p4d-3", "gpu-st-p4d-4"):
+        assert report["nodes"][node]["status"] == "unresolved"
+        assert "DUE TO TIME LIMIT" in report["nodes"][node]["figure"]
+
+
+def test_a_time_limit_below_the_projected_node_stage_is_refused(
+    fake_cluster: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """dcgmi diag level 4 (an hour, projected) does not fit the default 60-minute stage job."""
+    code = gpuforge_cli.main([*fake_cluster["argv"], "--dcgm-level", "4"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "the node stage is projected at 62 min (dcgmi diag level 4), over --time-limit 60" in err
+    assert "--time-limit 78 or more" in err
+    calls = (fake_cluster["state"] / "calls.log").read_text()
+    assert "salloc" not in calls
+
+
+@pytest.mark.slow
+def test_fake_slurm_nothing_judged_is_not_accepted_unless_asked(
+    fake_cluster: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The review's case: an empty baseline file. Before: ACCEPTED, exit 0, with nothing judged."""
+    argv = list(fake_cluster["argv"])
+    empty = tmp_path / "empty.yml"
+    empty.write_text("gpuforge_nccl_baselines: {}\n")
+    argv[argv.index("--baseline") + 1] = str(empty)
+    assert gpuforge_cli.main(argv) == 3
+    captured = capsys.readouterr()
+    first = next(line for line in captured.out.splitlines() if "ACCEPTED" in line)
+    assert first.startswith(
+        "gpuforge accept: NOT ACCEPTED (p4d.24xlarge, 4 nodes tested of 5): 4 pair/doubling"
+    )
+    assert "not judged (pair gpu-st-p4d-1 + gpu-st-p4d-2: all_reduce SKIP" in first
+    assert "WARNING: empty.yml has no 1-node all_reduce baseline for p4d.24xlarge" in captured.err
+    assert "no all_reduce baseline for p4d.24xlarge at 2, 4 nodes" in captured.err
+    assert gpuforge_cli.main([*argv, "--accept-unjudged"]) == 0
+    assert "ACCEPTED (p4d.24xlarge, 4 nodes tested of 5) with --accept-unjudged" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_fake_slurm_without_a_1_node_baseline_a_slow_nvlink_node_fails_against_its_peers(
+    fake_cluster: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    argv = list(fake_cluster["argv"])
+    multi = tmp_path / "multi.yml"
+    multi.write_text(
+        "gpuforge_nccl_baselines:\n  p4d.24xlarge:\n    all_reduce:\n"
+        + "".join(
+            f"      - {{nodes: {n}, busbw_gb_s: 100, size_bytes: 8589934592, source: test}}\n" for n in (2, 4)
+        )
+    )
+    argv[argv.index("--baseline") + 1] = str(multi)
+    monkeypatch.setenv("FAKE_SLOW", "gpu-st-p4d-2")
+    assert gpuforge_cli.main(argv) == 1
+    capsys.readouterr()
+    drained = json.loads((fake_cluster["state"] / "drained.json").read_text())
+    assert list(drained) == ["gpu-st-p4d-2"]
+    assert drained["gpu-st-p4d-2"].startswith(
+        "gpuforge accept node: all_reduce alone: busbw 24.75 GB/s at 8589934592 B is 25% of the median of "
+        "4 nodes (99.00 GB/s), below 90% (no 1-node baseline: relative check)"
+    )
+
+
+@pytest.mark.slow
+def test_fake_slurm_pairs_and_steps_run_one_rank_per_gpu_as_the_sbatch(
+    fake_cluster: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gpuforge_cli.main(fake_cluster["argv"]) == 0
+    capsys.readouterr()
+    calls = [json.loads(line) for line in (fake_cluster["state"] / "calls.log").read_text().splitlines()]
+    multi = [c for c in calls if c[0] == "srun" and "--mpi=pmix" in c]
+    assert multi
+    for call in multi:
+        nodes = len(next(a for a in call if a.startswith("--nodelist=")).split("=", 1)[1].split(","))
+        assert "--ntasks-per-node=8" in call and f"--ntasks={8 * nodes}" in call and "--cpu-bind=none" in call
+        assert call[call.index("-g") + 1] == "1"
+    (alone,) = [c for c in calls if c[0] == "srun" and "--label" in c]
+    assert "--ntasks-per-node=1" in alone and "--cpu-bind=none" not in alone
+
+
+@pytest.mark.slow
+def test_fake_slurm_a_drain_that_fails_keeps_the_report_and_drains_the_rest(
+    fake_cluster: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """scontrol refuses one drain (not root, say): the others are drained, report.json says which failed."""
+    wrap = tmp_path / "wrap"
+    wrap.mkdir()
+    real = fake_cluster["state"].parent / "fakebin" / "scontrol"
+    stand_in(
+        wrap,
+        "scontrol",
+        'if [[ "$*" == *"nodename=gpu-st-p4d-1 "* ]]; then\n'
+        '  echo "slurm_update error: Access/permission denied" >&2; exit 1\n'
+        f'fi\nexec {real} "$@"',
+    )
+    monkeypatch.setenv("PATH", f"{wrap}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLOW", "gpu-st-p4d-1,gpu-st-p4d-3")
+    assert gpuforge_cli.main(fake_cluster["argv"]) == 1
+    out = capsys.readouterr().out
+    assert list(json.loads((fake_cluster["state"] / "drained.json").read_text())) == ["gpu-st-p4d-3"]
+    report = json.loads((fake_cluster["out"] / "report.json").read_text())
+    assert "Access/permission denied" in report["drain_errors"]["gpu-st-p4d-1"]
+    assert report["nodes"]["gpu-st-p4d-3"]["drained"] and not report["nodes"]["gpu-st-p4d-1"]["drained"]
+    assert "NOT drained gpu-st-p4d-1: scontrol update nodename=gpu-st-p4d-1 failed" in out
+
+
+@pytest.mark.slow
+def test_fake_slurm_an_allocation_that_fails_mid_run_keeps_a_partial_report(
+    fake_cluster: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    wrap = tmp_path / "wrap"
+    wrap.mkdir()
+    real = fake_cluster["state"].parent / "fakebin" / "salloc"
+    stand_in(
+        wrap,
+        "salloc",
+        'if [[ "$*" == *"pairs-1"* ]]; then echo "salloc: error: Job submit/allocate failed: Node count '
+        f'specification invalid" >&2; exit 1; fi\nexec {real} "$@"',
+    )
+    monkeypatch.setenv("PATH", f"{wrap}:{os.environ['PATH']}")
+    assert gpuforge_cli.main(fake_cluster["argv"]) == 1
+    assert "Node count specification invalid" in capsys.readouterr().err
+    report = json.loads((fake_cluster["out"] / "report.json").read_text())
+    assert report["partial"] and not report["accepted"] and "Node count" in report["error"]
+    assert sorted(report["node_stage"]) == [f"gpu-st-p4d-{i}" for i in range(1, 5)]
+
+
+def test_busy_nodes_are_left_out_not_waited_for() -> None:
+    nodes = slurm.parse_nodes(
+        "NodeName=gpu-st-p5-1 Gres=gpu:8 State=ALLOCATED Partitions=gpu\n"
+        "NodeName=gpu-st-p5-2 Gres=gpu:8 State=MIXED+CLOUD Partitions=gpu\n"
+        "NodeName=gpu-st-p5-3 Gres=gpu:8 State=IDLE+CLOUD Partitions=gpu\n"
+    )
+    assert [n.untestable for n in nodes] == [
+        "busy: state ALLOCATED (a job runs there; accept it again when the job ends)",
+        "busy: state MIXED+CLOUD (a job runs there; accept it again when the job ends)",
+        None,
+    ]
+
+
+def test_an_salloc_that_is_never_granted_cancels_its_pending_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """ParallelCluster's InactiveLimit=0 keeps a pending salloc queued after its process is killed."""
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        if argv[0] == "salloc":
+            raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+        return subprocess.CompletedProcess(argv, 0, "gpu-st-p5-[1-2]\n", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(getpass, "getuser", lambda: "ubuntu")
+    runner = slurm.Slurm(tmp_path, "gpu", 10, "gpuforge-accept")
+    with pytest.raises(ExternalError, match="salloc for node was not granted in 10 min"):
+        runner.allocate(["gpu-st-p5-1", "gpu-st-p5-2"], "node", 8)
+    assert calls[-1] == ["scancel", "--name=gpuforge-accept-node", "--user=ubuntu", "--state=PENDING"]
+
+
+def test_a_malformed_node_list_is_a_usage_error(
+    fake_cluster: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    wrap = tmp_path / "wrap"
+    wrap.mkdir()
+    stand_in(wrap, "scontrol", 'echo "scontrol: error: Invalid node name specified" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{wrap}:{os.environ['PATH']}")
+    code = gpuforge_cli.main(["accept", "--nodes", "gpu-st-p5-[1-", "--instance-type", "p5.48xlarge"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--nodes 'gpu-st-p5-[1-' is not a Slurm node list" in err
+
+
+def test_accept_never_judges_a_step_against_a_smaller_clusters_figure() -> None:
+    """p4de has a 2-node figure only: nccl-report still uses it for 4 nodes (and says so); accept's
+    doubling does not (not judged, so not accepted without --accept-unjudged)."""
+    from gpuforge.nccl import baseline
+
+    table = baseline.load(baseline.default_file())
+    file = baseline.default_file()
+    report = baseline.choose(table, file, "p4de.24xlarge", "all_reduce", 4)
+    assert report is not None and "used for a 4-node run" in report.describe()
+    assert baseline.choose(table, file, "p4de.24xlarge", "all_reduce", 4, beyond_largest=False) is None
+    assert baseline.choose(table, file, "p5.48xlarge", "all_reduce", 3, beyond_largest=False) is not None
+    assert baseline.choose(table, file, "p5.48xlarge", "all_reduce", 64, beyond_largest=False) is None

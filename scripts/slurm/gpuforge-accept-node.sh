@@ -26,12 +26,14 @@ fi
 # The loopback AWS's Deep Learning Containers run as their EFA sanity test (aws/deep-learning-containers
 # test/dlc_tests/container_tests/bin/efa/efa_test.sh): fi_pingpong -e rdm -p efa as a server, then as a
 # client of localhost, with FI_EFA_ENABLE_SHM_TRANSFER=0 so that the bytes cross the EFA device rather
-# than shared memory. Here once per device (-d DOMAIN from fi_info -p efa -t FI_EP_RDM), one at a time,
-# on a control port given to both sides (fi_pingpong(1): -B on the server, -P on the client).
+# than shared memory. Here once per device (-d DOMAIN from fi_info -p efa -t FI_EP_RDM), all devices at
+# once, each on a control port of its own given to both sides (fi_pingpong(1): -B on the server, -P on
+# the client): a p5's 32 loopbacks take seconds. libfabric 2.x lists every device twice, first as fabric
+# efa-direct, then as efa (ofiwg/libfabric v2.6.0, prov/efa/src/efa_prov.c lines 94-123): one loopback
+# per unique domain.
 if [[ -x "$efa_bin/fi_info" && -x "$efa_bin/fi_pingpong" ]]; then
-    domains=$("$efa_bin/fi_info" -p efa -t FI_EP_RDM 2>/dev/null | awk '$1 == "domain:" {print $2}')
+    domains=$("$efa_bin/fi_info" -p efa -t FI_EP_RDM 2>/dev/null | awk '$1 == "domain:" {print $2}' | sort -u)
     [[ -n "$domains" ]] || echo "@@efa none reason=fi_info -p efa -t FI_EP_RDM lists no EFA domain"
-    # Every device at once, each on a control port of its own: a p5's 32 loopbacks take seconds.
     work=$(mktemp -d)
     port=47600
     for domain in $domains; do

@@ -9,8 +9,10 @@ judged by gpuforge.nccl.judge against the type's 1-node (NVLink) baseline.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,9 +140,23 @@ def _efa(
 
 
 def judge(
-    output: NodeOutput | None, node: str, config: Settings, gpus: int, efa_devices: int
+    output: NodeOutput | None,
+    node: str,
+    config: Settings,
+    gpus: int,
+    efa_devices: int,
+    step_failed: str | None = None,
 ) -> NodeJudgement:
-    """The node stage's verdict on one node: a failed health check or loopback, or NVLink busbw below gate."""
+    """The node stage's verdict on one node: a failed health check or loopback, or NVLink busbw below gate.
+
+    `step_failed` says why the stage's srun ended badly (its exit status, a time limit): a node whose
+    output stops short then has no verdict (unresolved), rather than a failure of its own.
+    """
+    finished = output is not None and output.allreduce_rc is not None
+    if step_failed and not finished:
+        why = "no output" if output is None else "output cut short"
+        result = Result(False, f"no result ({why}): {step_failed}", resolved=False)
+        return NodeJudgement(node, result, {}, [], None, ())
     if output is None:
         result = Result(False, "no output from the node stage (the node did not run its task)")
         return NodeJudgement(node, result, {}, [], None, ())
@@ -175,3 +191,49 @@ def judge(
     else:
         result = Result(True, "; ".join(notes), busbw, expected, judged=judged)
     return NodeJudgement(node, result, health, efa, judgement, tuple(notes))
+
+
+def largest_busbw(judgement: Judgement) -> tuple[float, int] | None:
+    """The all_reduce's busbw at its largest message (the lowest over the log's runs), and that size."""
+    figures = []
+    for ev in judgement.evaluations:
+        if ev.run.rows:
+            size = max(r.size_bytes for r in ev.run.rows)
+            figures.append((max(r.busbw_gb_s for r in ev.run.rows if r.size_bytes == size), size))
+    return min(figures) if figures else None
+
+
+def relative(judgements: dict[str, NodeJudgement], share: float) -> dict[str, NodeJudgement]:
+    """Nodes whose NVLink all_reduce had no 1-node baseline, against the median of the same run's nodes
+    (one instance type): below `share` of it fails the node with both figures. A degraded NVLink or
+    GPU is still caught where no absolute figure is recorded."""
+    figures = {
+        n: f for n, j in judgements.items() if j.allreduce is not None and (f := largest_busbw(j.allreduce))
+    }
+    if not figures:
+        return judgements
+    median = statistics.median(f[0] for f in figures.values())
+    out = dict(judgements)
+    for node, j in judgements.items():
+        if not (j.result.passed and not j.result.judged and node in figures):
+            continue
+        busbw, size = figures[node]
+        if len(figures) < 2:
+            note = "all_reduce alone: no 1-node baseline and no other node to compare with"
+            out[node] = dataclasses.replace(
+                j, result=dataclasses.replace(j.result, figure=f"{j.result.figure}; {note}")
+            )
+            continue
+        ratio = busbw / median if median else 0.0
+        figure = (
+            f"all_reduce alone: busbw {busbw:.2f} GB/s at {size} B is {ratio:.0%} of the median of "
+            f"{len(figures)} nodes ({median:.2f} GB/s)"
+        )
+        if busbw < share * median:
+            result = Result(
+                False, f"{figure}, below {share:.0%} (no 1-node baseline: relative check)", busbw, median
+            )
+        else:
+            result = dataclasses.replace(j.result, figure=f"{j.result.figure}; {figure} (relative check)")
+        out[node] = dataclasses.replace(j, result=result)
+    return out

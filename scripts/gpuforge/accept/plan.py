@@ -54,6 +54,9 @@ class Result:
     expected_gb_s: float | None = None
     # False when nothing could be compared (no baseline): not a failure, never counted as a pass.
     judged: bool = True
+    # False when the test itself did not run to a verdict (its srun failed or hit the time limit): the
+    # node is unresolved, never drained on it.
+    resolved: bool = True
 
 
 class Tester(Protocol):
@@ -355,6 +358,8 @@ class Acceptance:
     search: PairSearch
     steps: list[Step]
     verdicts: dict[str, NodeVerdict]
+    # Pass pair and doubling results that had no baseline to compare with (--accept-unjudged).
+    accept_unjudged: bool = False
 
     @property
     def failed_steps(self) -> list[Step]:
@@ -377,10 +382,31 @@ class Acceptance:
         return out
 
     @property
-    def accepted(self) -> bool:
-        """Every node that could be tested passed every stage, and every doubling step reached its gate."""
+    def unjudged_multi(self) -> list[str]:
+        """Pair and doubling results that passed only for want of a baseline: the cluster is not accepted
+        on them (unless accept_unjudged); the node stage's NVLink check has its relative check instead."""
+        out = [
+            f"pair {' + '.join(t.pair)}: {t.result.figure}"
+            for t in self.search.tests
+            if t.result.passed and not t.result.judged
+        ]
+        out += [
+            f"{s.size} nodes: {s.result.figure}"
+            for s in self.steps
+            if s.result is not None and s.result.passed and not s.result.judged
+        ]
+        return out
+
+    @property
+    def passed_all(self) -> bool:
+        """Every node that could be tested passed every stage, and no doubling step fell short."""
         tested = [v for v in self.verdicts.values() if v.status is not NodeStatus.NOT_TESTED]
         return bool(tested) and all(v.status is NodeStatus.ACCEPTED for v in tested) and not self.failed_steps
+
+    @property
+    def accepted(self) -> bool:
+        """passed_all, with every pair and doubling step judged against a baseline (or accept_unjudged)."""
+        return self.passed_all and (self.accept_unjudged or not self.unjudged_multi)
 
     @property
     def to_drain(self) -> list[NodeVerdict]:
@@ -395,6 +421,7 @@ def run(
     tester: Tester,
     not_tested: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    accept_unjudged: bool = False,
 ) -> Acceptance:
     """The three stages over `nodes` (those that can be tested), in the order and with the decisions above."""
     say = progress or (lambda _line: None)
@@ -427,7 +454,7 @@ def run(
         steps.append(Step(size, members, result))
         stopped = not result.passed
     verdicts = _verdicts(ordered, dict(not_tested or {}), alone, search)
-    return Acceptance(ordered, dict(not_tested or {}), alone, search, steps, verdicts)
+    return Acceptance(ordered, dict(not_tested or {}), alone, search, steps, verdicts, accept_unjudged)
 
 
 def _verdicts(
@@ -436,7 +463,8 @@ def _verdicts(
     out = {n: NodeVerdict(n, NodeStatus.NOT_TESTED, "", why) for n, why in sorted(not_tested.items())}
     for node in nodes:
         if not alone[node].passed:
-            out[node] = NodeVerdict(node, NodeStatus.FAILED, STAGE_NODE, alone[node].figure)
+            status = NodeStatus.FAILED if alone[node].resolved else NodeStatus.UNRESOLVED
+            out[node] = NodeVerdict(node, status, STAGE_NODE, alone[node].figure)
         elif node in search.bad:
             out[node] = NodeVerdict(node, NodeStatus.FAILED, STAGE_PAIRS, search.bad[node])
         elif node in search.unresolved:

@@ -64,6 +64,7 @@ def to_dict(
         ],
         "drained": drained,
         "unjudged": acceptance.unjudged,
+        "unjudged_pairs_and_doubling": acceptance.unjudged_multi,
     }
 
 
@@ -73,7 +74,12 @@ def _names(items: Sequence[str]) -> str:
 
 
 def summary(
-    acceptance: Acceptance, instance_type: str, drained: dict[str, str], report_only: bool, out: Path
+    acceptance: Acceptance,
+    instance_type: str,
+    drained: dict[str, str],
+    report_only: bool,
+    out: Path,
+    drain_errors: dict[str, str] | None = None,
 ) -> list[str]:
     """At most about 20 lines, whatever the cluster's size; the details are in report.json."""
     v = acceptance.verdicts
@@ -81,9 +87,17 @@ def summary(
     failed_alone = [n for n, r in acceptance.alone.items() if not r.passed]
     search = acceptance.search
     first = [t for t in search.tests if t.round == 1]
+    unjudged_multi = acceptance.unjudged_multi
+    why = ""
+    if unjudged_multi and not acceptance.accepted and acceptance.passed_all:
+        why = f": {len(unjudged_multi)} pair/doubling result(s) not judged ({unjudged_multi[0]})"
+    elif unjudged_multi and acceptance.accepted:
+        why = f" with --accept-unjudged: {len(unjudged_multi)} pair/doubling result(s) not judged"
     lines = [
-        f"gpuforge accept: {'ACCEPTED' if acceptance.accepted else 'NOT ACCEPTED'} "
-        f"({instance_type}, {len(tested)} nodes tested of {len(v)})",
+        (
+            f"gpuforge accept: {'ACCEPTED' if acceptance.accepted else 'NOT ACCEPTED'} "
+            f"({instance_type}, {len(tested)} nodes tested of {len(v)}){why}"
+        )[:300],
         f"  stage 1, alone:    {len(tested) - len(failed_alone)} of {len(tested)} passed"
         + (f"; failed: {_names(failed_alone)}" if failed_alone else ""),
         f"  stage 2, pairs:    {len(first)} pairs in round 1, "
@@ -113,6 +127,8 @@ def summary(
         lines.append(f"  drained: {_names(sorted(drained))}")
     elif report_only and acceptance.to_drain:
         lines.append(f"  --report-only: would drain {_names([x.node for x in acceptance.to_drain])}")
+    for node, error in sorted((drain_errors or {}).items())[:SHOWN]:
+        lines.append(f"  NOT drained {node}: {error}"[:200])
     unjudged = acceptance.unjudged
     if unjudged:
         lines.append(f"  not judged ({len(unjudged)}): {unjudged[0]}"[:200])
@@ -218,6 +234,16 @@ def write(out: Path, document: dict[str, Any], acceptance: Acceptance, threshold
         _pairs_figure(acceptance, threshold).savefig(out / "pairs.png", format="png")
     except OSError as exc:
         raise UserError(f"cannot write the report into {out}: {exc.strerror or exc}") from exc
+
+
+def write_partial(out: Path, context: dict[str, Any], error: str) -> None:
+    """report.json of a run that stopped before its verdict: what ran, and why it stopped."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        document = {"accepted": False, "partial": True, "error": error, **context}
+        (out / "report.json").write_text(json.dumps(document, indent=2) + "\n")
+    except OSError:
+        pass  # The error that stopped the run is the one to report.
 
 
 def projection_context(projection: Projection) -> dict[str, Any]:

@@ -11,6 +11,7 @@ ParallelCluster cluster keeps no job accounting unless one configures slurmdbd.
 
 from __future__ import annotations
 
+import getpass
 import re
 import shutil
 import subprocess
@@ -22,8 +23,11 @@ from typing import IO
 from gpuforge.errors import ExternalError, UserError
 
 COMMANDS = ("sinfo", "scontrol", "salloc", "srun", "scancel")
-# Base states a node can be tested in; the rest (DOWN, DRAIN..., FAIL, FUTURE) say why it cannot.
-_TESTABLE = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
+# Base states a node can be tested in; the rest (DOWN, DRAIN..., FAIL, FUTURE) say why it cannot. A node
+# running a job (ALLOCATED, MIXED, COMPLETING) is left out rather than waited for: an exclusive salloc
+# would queue behind that job for as long as it runs.
+_TESTABLE = {"IDLE"}
+_BUSY = {"MIXED", "ALLOCATED", "COMPLETING"}
 _UNTESTABLE_FLAGS = {
     "DRAIN",
     "DRAINING",
@@ -51,6 +55,8 @@ class Node:
         parts = set(self.state.upper().split("+"))
         base = self.state.upper().split("+")[0]
         flags = sorted(parts & _UNTESTABLE_FLAGS)
+        if base in _BUSY and not flags:
+            return f"busy: state {self.state} (a job runs there; accept it again when the job ends)"
         if base not in _TESTABLE or flags:
             why = f"state {self.state}"
             return f"{why} ({self.reason})" if self.reason else why
@@ -105,7 +111,11 @@ def parse_nodes(text: str) -> list[Node]:
 
 def hostnames(expression: str) -> list[str]:
     """A Slurm node list expression (gpu-st-p5-[1-4,7]) as names, by scontrol."""
-    return _run(["scontrol", "show", "hostnames", expression]).stdout.split()
+    try:
+        return _run(["scontrol", "show", "hostnames", expression]).stdout.split()
+    except ExternalError as exc:
+        # A malformed --nodes is the user's to fix, not an outage.
+        raise UserError(f"--nodes {expression!r} is not a Slurm node list: {exc}") from exc
 
 
 def hostlist(names: Sequence[str]) -> str:
@@ -168,7 +178,33 @@ class Slurm:
             argv.append(f"--partition={self.partition}")
         if gpus_per_node:
             argv.append(f"--gpus-per-node={gpus_per_node}")
-        proc = _run(argv, timeout=self.time_limit_min * 60)
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=self.time_limit_min * 60, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            # ParallelCluster sets InactiveLimit=0: a pending salloc whose process is gone stays queued.
+            # Cancel it (ours: this job name, this user, still pending) before giving up.
+            subprocess.run(
+                [
+                    "scancel",
+                    f"--name={self.job_name}-{stage}",
+                    f"--user={getpass.getuser()}",
+                    "--state=PENDING",
+                ],
+                capture_output=True,
+                check=False,
+                timeout=60,
+            )
+            raise ExternalError(
+                f"salloc for {stage} was not granted in {self.time_limit_min} min (the nodes stayed busy or "
+                "did not boot); its pending job was cancelled"
+            ) from exc
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            raise ExternalError(
+                f"salloc --no-shell --exclusive failed: {detail[-1] if detail else proc.returncode}"
+            )
         match = _GRANTED_RE.search(proc.stderr + proc.stdout)
         if match is None:
             raise ExternalError(f"salloc granted no allocation for {stage}: {proc.stderr.strip()[-300:]}")
@@ -188,14 +224,16 @@ class Slurm:
         gpus_per_node: int,
         label: bool = False,
         env: Mapping[str, str] | None = None,
+        tasks_per_node: int = 1,
     ) -> subprocess.Popen[str]:
-        """srun of one task per node of `nodes` in the allocation; its output (both streams) into `log`."""
+        """srun of `tasks_per_node` tasks on each node of `nodes` in the allocation; its output (both
+        streams) into `log`."""
         argv = [
             "srun",
             f"--jobid={allocation.job_id}",
             f"--nodes={len(nodes)}",
-            f"--ntasks={len(nodes)}",
-            "--ntasks-per-node=1",
+            f"--ntasks={len(nodes) * tasks_per_node}",
+            f"--ntasks-per-node={tasks_per_node}",
             f"--nodelist={hostlist(nodes)}",
             f"--time={self.time_limit_min}",
             "--kill-on-bad-exit=0",
@@ -203,6 +241,9 @@ class Slurm:
         ]
         if gpus_per_node:
             argv.append(f"--gpus-per-node={gpus_per_node}")
+        if tasks_per_node > 1:
+            # As scripts/slurm/nccl-allreduce.sbatch: NCCL places its ranks; Slurm's binding would not.
+            argv.append("--cpu-bind=none")
         if label:
             argv.append("--label")
         if env:

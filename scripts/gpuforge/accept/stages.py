@@ -1,10 +1,12 @@
 """The stages on a Slurm cluster: plan.Tester implemented with salloc/srun, each result judged.
 
 Stage 1 runs scripts/slurm/gpuforge-accept-node.sh on every node (one task per node). The pairs and
-the doubling steps run all_reduce_perf over EFA with one process per node driving all of its GPUs
-(nccl-tests' -g), launched by srun --mpi=pmix as scripts/slurm/nccl-allreduce.sbatch launches it,
-with that script's environment (EFA provider forced, NCCL INIT/NET logging that the judge reads to
-prove EFA was used).
+the doubling steps run all_reduce_perf over EFA as scripts/slurm/nccl-allreduce.sbatch does and as
+the baselines were measured: one rank per GPU (--ntasks-per-node=GPUS, -g 1, --cpu-bind=none) by
+srun --mpi=pmix, with that script's environment (EFA provider forced, NCCL INIT/NET logging that the
+judge reads to prove EFA was used). Where Slurm lists no GPU for the nodes (no gres.conf: not a
+ParallelCluster GPU queue) there is no GPU to bind a rank to, and one process per node drives the
+type's GPUs (-g GPUS).
 """
 
 from __future__ import annotations
@@ -97,6 +99,13 @@ def node_check_script() -> str:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
+def srun_said(log: str) -> str:
+    """srun's own last message in a labelled log (its lines carry no task label): a time limit, a
+    launch error."""
+    said = [line for line in log.splitlines() if line.startswith(("srun:", "slurmstepd:"))]
+    return f" ({said[-1].strip()[:200]})" if said else ""
+
+
 class SlurmTester:
     """plan.Tester on Slurm; keeps every judgement for the report."""
 
@@ -109,7 +118,8 @@ class SlurmTester:
         self._round = 0
 
     def _judge_multi(self, nodes: Sequence[str], log: Path, rc: int | None) -> Result:
-        config = dataclasses.replace(self.options.nccl, nodes=len(nodes))
+        # Only the entry for this node count or the next larger: never a 2-node figure for 64 nodes.
+        config = dataclasses.replace(self.options.nccl, nodes=len(nodes), beyond_largest=False)
         text = log.read_text(errors="replace") if log.exists() else ""
         judgement = judge_log(text, config, log.name, rc, "srun")
         self.multi.append(PairLog(tuple(nodes), log, judgement))
@@ -123,6 +133,7 @@ class SlurmTester:
 
     def _all_reduce(self, allocation: Allocation, nodes: Sequence[str], log: Path) -> subprocess.Popen[str]:
         o = self.options
+        ranks = o.gres_gpus or 1
         command = [
             "bash",
             "-c",
@@ -136,7 +147,7 @@ class SlurmTester:
             "-f",
             "2",
             "-g",
-            str(o.gpus),
+            "1" if o.gres_gpus else str(o.gpus),
             "-c",
             "1",
             "-n",
@@ -150,6 +161,7 @@ class SlurmTester:
             mpi=True,
             gpus_per_node=o.gres_gpus,
             env=NCCL_ENV,
+            tasks_per_node=ranks,
         )
 
     def _wait(self, procs: Sequence[subprocess.Popen[str]], what: str) -> list[int]:
@@ -172,15 +184,18 @@ class SlurmTester:
             proc = self.slurm.start_step(
                 allocation, nodes, command, log, mpi=False, gpus_per_node=o.gres_gpus, label=True
             )
-            self._wait([proc], f"stage 1/3: {len(nodes)} nodes alone")
+            (rc,) = self._wait([proc], f"stage 1/3: {len(nodes)} nodes alone")
         finally:
             self.slurm.release(allocation)
-        outputs = nodecheck.split(log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
+        outputs = nodecheck.split(text)
+        step_failed = None if rc == 0 else f"the node stage's srun exited {rc}{srun_said(text)}"
         config = dataclasses.replace(o.nccl, nodes=1)
-        for node in nodes:
-            self.node_judgements[node] = nodecheck.judge(
-                outputs.get(node), node, config, o.gpus, o.efa_devices
-            )
+        judgements = {
+            node: nodecheck.judge(outputs.get(node), node, config, o.gpus, o.efa_devices, step_failed)
+            for node in nodes
+        }
+        self.node_judgements.update(nodecheck.relative(judgements, o.nccl.threshold))
         return {n: self.node_judgements[n].result for n in nodes}
 
     def pairs(self, pairs: Sequence[Pair]) -> Mapping[Pair, Result]:

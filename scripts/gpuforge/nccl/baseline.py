@@ -101,17 +101,24 @@ def _entry(path: Path, where: str, raw: Any) -> Entry:
     return entry
 
 
-def choose(table: Table, file: Path, instance_type: str, collective: str, nodes: int) -> Choice | None:
-    """The entry for this node count: exact, else the next larger bucket, else the largest (32+).
+def choose(
+    table: Table, file: Path, instance_type: str, collective: str, nodes: int, beyond_largest: bool = True
+) -> Choice | None:
+    """The entry for this node count: exact, else the next larger bucket, else (with beyond_largest)
+    the largest (32+).
 
     A single-node run is only judged against a 1-node (intra-node) entry, and a multi-node run
-    never against one: NVLink and the network are different expectations.
+    never against one: NVLink and the network are different expectations. Without beyond_largest a
+    run larger than every recorded count is not judged: `gpuforge accept` must not call a 64-node
+    step good or bad on a 2-node figure.
     """
     entries = table.get(instance_type, {}).get(collective, [])
     candidates = [e for e in entries if (e.nodes == 1) == (nodes == 1)]
     if not candidates:
         return None
     larger = sorted((e for e in candidates if e.nodes >= nodes), key=lambda e: e.nodes)
+    if not larger and not beyond_largest:
+        return None
     entry = larger[0] if larger else max(candidates, key=lambda e: e.nodes)
     return Choice(file, instance_type, collective, entry, nodes)
 

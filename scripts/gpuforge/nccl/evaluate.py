@@ -38,6 +38,9 @@ class Settings:
     threshold: float = THRESHOLD
     nodes: int | None = None
     collective: str | None = None
+    # Judge a run larger than every recorded node count against the largest (nccl-report, which
+    # says so in the baseline's description); `gpuforge accept` turns it off (not judged instead).
+    beyond_largest: bool = True
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,12 @@ def evaluate(run: Run, config: Settings) -> Evaluation:
         judged = "bandwidth not judged: the collective is unknown (pass --collective if you know it)"
     else:
         choice = baseline.choose(
-            config.table, config.baseline_file, config.instance_type, identity.name, nodes
+            config.table,
+            config.baseline_file,
+            config.instance_type,
+            identity.name,
+            nodes,
+            config.beyond_largest,
         )
         if choice is None:
             kind = "intra-node (1-node)" if nodes == 1 else f"{nodes}-node"
