@@ -246,9 +246,11 @@ def role_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         node, tags, _ = DRIFT[case]
         cases[f"drift:{case}"] = [
             {
+                # What drift.yml's one DescribeImages call registers for the fleet, and the host's image.
                 "ansible.builtin.set_fact": {
                     "gpuforge_previous_manifest": node,
-                    "_drift_image": {"images": [{"tags": tags}]},
+                    "aws_image_id": "ami-0123456789abcdef0",
+                    "_drift_images": {"images": [{"image_id": "ami-0123456789abcdef0", "tags": tags}]},
                 }
             },
             *_drift_tasks(),
