@@ -107,5 +107,9 @@ def run_cases(
             "tasks": [*tasks, results_task(out)],
         }
     ]
-    run_play(out, play, *(["--check"] if check else []), env={"ANSIBLE_STRATEGY": CASES_STRATEGY})
+    # One play holds every case of a module (the nccl_tests plan: about 40): at CI's load on the 2-CPU
+    # machine it can pass run_play's default ten minutes, which would fail the module for no fault.
+    run_play(
+        out, play, *(["--check"] if check else []), env={"ANSIBLE_STRATEGY": CASES_STRATEGY}, timeout=1500
+    )
     return read_results(out)
