@@ -413,9 +413,12 @@ def test_scheduled_workflow_runs_rebuild_canary_promote_in_that_order() -> None:
 
 
 def test_rebuild_candidate_refuses_cluster_configs(
-    aws: MotoServer, capsys: pytest.CaptureFixture[str]
+    aws: MotoServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert cli.main(["rebuild", "--candidate", "--cluster-config", "c.yaml"]) == 2
+    # A config that exists: a missing one is refused earlier, when the arguments are parsed.
+    config = tmp_path / "c.yaml"
+    config.write_text("Region: us-east-1\n")
+    assert cli.main(["rebuild", "--candidate", "--cluster-config", str(config)]) == 2
     assert "give configs to `gpuforge promote`" in capsys.readouterr().err
 
 
