@@ -6,6 +6,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
@@ -59,6 +60,15 @@ DLAMI_NAME_FILTER = DLAMI_NAME_FILTERS["ubuntu22.04"]
 AMAZON_OWNER = "amazon"
 # Instances in these states keep their AMI in use (a stopped instance can be started again).
 _LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+
+def _delete_snapshot(ec2: Any, snapshot_id: str) -> None:
+    """Delete a snapshot; one already gone is what was wanted."""
+    try:
+        ec2.delete_snapshot(SnapshotId=snapshot_id)
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "InvalidSnapshot.NotFound":
+            raise
 
 
 def pcluster_name_filter(pcluster_version: str, base_os: str = "ubuntu22.04") -> str:
@@ -211,11 +221,7 @@ def deregister(image: Image, region: str | None = None) -> None:
     try:
         ec2.deregister_image(ImageId=image.id)
         for snapshot in image.snapshot_ids:
-            try:
-                ec2.delete_snapshot(SnapshotId=snapshot)
-            except ClientError as exc:
-                if exc.response["Error"]["Code"] != "InvalidSnapshot.NotFound":
-                    raise
+            _delete_snapshot(ec2, snapshot)
     except ClientError as exc:
         raise ExternalError(f"cannot retire image {image.id}: {exc}") from exc
     LOG.info("deregistered %s (%s) and %d snapshot(s)", image.id, image.name, len(image.snapshot_ids))
@@ -382,11 +388,7 @@ def _delete_build_snapshots(build_id: str, region: str | None) -> list[str] | No
             if state == "pending":
                 continue
             LOG.warning("deleting snapshot %s of failed bake %s", snapshot, build_id)
-            try:
-                ec2.delete_snapshot(SnapshotId=snapshot)
-            except ClientError as exc:
-                if exc.response["Error"]["Code"] != "InvalidSnapshot.NotFound":
-                    raise
+            _delete_snapshot(ec2, snapshot)
     except ClientError as exc:
         raise ExternalError(f"cannot delete the snapshots of bake {build_id}: {exc}") from exc
     if not found:
