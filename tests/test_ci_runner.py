@@ -161,6 +161,22 @@ def test_phases_run_side_by_side_and_failures_are_kept(logs: Path) -> None:
     assert (logs / "fails.log").read_text() == "broken\n"
 
 
+def test_a_failed_phase_is_summed_up_by_its_failing_tests_else_its_last_lines(logs: Path) -> None:
+    """CI shows only the run's tail: the failed tests must be named there, not only in the phase's log."""
+    pytest_like = testrun.Phase("pytest rest-1", ["true"], returncode=1)
+    pytest_like.log.write_text(
+        "tests/test_a.py ..F\n=== short test summary info ===\n"
+        "FAILED tests/test_a.py::test_x - AssertionError: no\nERROR tests/test_b.py::test_y - TimeoutError\n"
+    )
+    assert testrun.failure_lines(pytest_like) == [
+        "  FAILED tests/test_a.py::test_x - AssertionError: no",
+        "  ERROR tests/test_b.py::test_y - TimeoutError",
+    ]
+    other = testrun.Phase("lint", ["true"], returncode=2)
+    other.log.write_text("".join(f"line {n}\n" for n in range(40)))
+    assert testrun.failure_lines(other, tail=3) == ["  line 37", "  line 38", "  line 39"]
+
+
 def test_jobs_limits_how_many_run_at_once(logs: Path) -> None:
     phases = [testrun.Phase(f"p{n}", ["sleep", "0.5"]) for n in range(3)]
     start = time.monotonic()

@@ -55,7 +55,12 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def _command_id(argv: list[str]) -> str:
+    """The command and its first argument, this file by its name: test ids must not depend on the clone."""
+    return " ".join(Path(a).name if a == __file__ else a for a in argv[:2])
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=_command_id)
 def test_a_missing_input_file_is_refused_before_any_aws_call(
     argv: list[str], no_aws: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -90,7 +95,7 @@ SPEC = Path(__file__).resolve().parents[1] / "examples" / "cluster-spec.yml"
         ["cluster-config", "validate", str(SPEC)],
         ["promote", "--flavor", "pcluster", "--cluster-config", str(SPEC)],
     ],
-    ids=lambda a: " ".join(a[:2]),
+    ids=_command_id,
 )
 def test_a_cluster_spec_given_for_a_config_is_named_as_one(
     argv: list[str], no_aws: list[str], capsys: pytest.CaptureFixture[str]

@@ -311,6 +311,17 @@ def table(phases: Sequence[Phase], wall: float, machine: str, budget: float = BU
     return "\n".join(lines)
 
 
+def failure_lines(phase: Phase, tail: int = 15) -> list[str]:
+    """What a failed phase says went wrong, for the run's last lines (CI often shows only the tail):
+    pytest's short summary (FAILED/ERROR per test), else the last lines of the phase's output."""
+    try:
+        text = phase.log.read_text(errors="replace").splitlines()
+    except OSError:
+        return [f"  (no output: {_shown(phase.log)} is missing)"]
+    summary = [line for line in text if line.startswith(("FAILED ", "ERROR "))]
+    return [f"  {line[:300]}" for line in (summary or text[-tail:])]
+
+
 def machine_state() -> str:
     """CPUs and load average, so timings from a shared machine are labelled as such."""
     try:
@@ -426,9 +437,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     timings = measured([p for p in done if p.name != "setup"], record, machine, wall, whole=not args.only)
     (LOG_DIR / "timings.json").write_text(timings)
-    failed = [p.name for p in done if not p.ok]
+    failed = [p for p in done if not p.ok]
     if failed:
-        print(f"gpuforge: error: failed phases: {', '.join(failed)}", file=sys.stderr)
+        for phase in failed:
+            print(f"== {phase.name} failed (exit {phase.returncode}); its log is {_shown(phase.log)}:")
+            print("\n".join(failure_lines(phase)), flush=True)
+        names = ", ".join(p.name for p in failed)
+        print(f"gpuforge: error: failed phases: {names}", file=sys.stderr)
         return 1
     if args.record:
         schedule.RECORD.write_text(timings)
