@@ -26,10 +26,11 @@ from typing import Any
 import pytest
 import testinfra
 import yaml
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.fast_path import INSTALL_REVISION
 
 import goldenlab
 import labtools
-from gpuforge import node_manifest, versions
+from gpuforge import versions
 from gpuforge.ami import manifest as packer_manifest
 from gpuforge_lab import images as lab_images
 from labtools import LAB_MARKS, REPO, gpuforge_lab, lab, on, playbook, recap
@@ -261,7 +262,7 @@ def test_golden_host_skips_the_install_phase_after_one_check(
     assert manifest["completed"] == {
         "versions_hash": versions.load().digest,
         "targets": manifest["targets"],
-        "install_revision": node_manifest.INSTALL_REVISION,
+        "install_revision": INSTALL_REVISION,
     }
     inventory = _aliases(golden, tmp_path, {"golden": {"gpuforge_instance_type": manifest["targets"][0]}})
     run, decisions = _run_aliases(golden, builder, inventory)

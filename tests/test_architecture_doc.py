@@ -85,7 +85,7 @@ TEXTS = {p: t for p in PROJECT if (t := text_of(p)) is not None}
 def test_the_scan_sees_the_project() -> None:
     """The scans below read the roles, plugins, CLI and docs (a listing that found nothing would pass)."""
     names = {str(p.relative_to(REPO)) for p in TEXTS}
-    expected = {"docs/architecture.md", "plugins/module_utils/fast_path.py", "roles/efa/tasks/install.yml"}
+    expected = {"docs/architecture.md", "plugins/plugin_utils/fast_path.py", "roles/efa/tasks/install.yml"}
     assert expected <= names
     assert len(names) > 300
 

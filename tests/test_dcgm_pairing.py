@@ -60,7 +60,7 @@ def test_the_refusal_names_both_versions_and_what_to_do() -> None:
 
 
 def test_releases_compare_as_the_version_policy_compares() -> None:
-    """The pairing compares as plugins/module_utils/policy.py does (it had its own tuple comparison,
+    """The pairing compares as plugins/plugin_utils/policy.py does (it had its own tuple comparison,
     under which 4.7 was older than 4.7.0 and not the same release)."""
     same = pairing.dcgm_exporter_pairing("1:4.7-1", PINS, "container")
     assert same["ok"], same["reason"]

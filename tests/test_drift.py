@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from ansible_collections.gpuforge.gpu.plugins.module_utils import fast_path
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import fast_path
 
 import labtools
 from gpuforge import versions

@@ -46,7 +46,7 @@ def test_the_install_play_leaves_golden_hosts_out_after_one_decision() -> None:
         "load_data.yml",
         "read_manifest.yml",
     ]
-    # The decision itself is the collection's filter (plugins/module_utils/fast_path.py), no Jinja copy.
+    # The decision itself is the collection's filter (plugins/plugin_utils/fast_path.py), no Jinja copy.
     decide = decision["tasks"][2]
     assert set(decide["ansible.builtin.set_fact"]) == {"gpuforge_fast_path", "gpuforge_fast_path_reason"}
     assert "gpuforge_previous_manifest | gpuforge.gpu.fast_path(gpuforge_versions_hash," in " ".join(

@@ -1,5 +1,5 @@
 """The node manifest's one reader and the drift check's comparison, in the collection
-(plugins/module_utils/manifest.py): the CLI's gpuforge.node_manifest re-exports it, the roles call it
+(plugins/plugin_utils/manifest.py): the CLI's gpuforge.node_manifest reads the file with it, the roles call it
 through the filters gpuforge.gpu.node_manifest (roles/gpuforge_common/tasks/read_manifest.yml) and
 gpuforge.gpu.manifest_drift (playbooks/drift.yml). read_manifest.yml had its own Jinja upgrade of
 schema 1 without the validation, and drift.yml its own tag format, tag prefix and floor loop.
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils import manifest
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import manifest
 
 import sourcefile
 from gpuforge import node_manifest, versions
@@ -61,14 +61,10 @@ def _slurped(text: str) -> dict[str, Any]:
     return {"content": base64.b64encode(text.encode()).decode(), "encoding": "base64"}
 
 
-def test_the_cli_names_are_the_collections() -> None:
-    """gpuforge.node_manifest keeps its public names, now the collection's."""
-    assert node_manifest.Installed is manifest.Installed
-    assert node_manifest.NodeManifest is manifest.NodeManifest
-    assert node_manifest.Completed is manifest.Completed
-    assert node_manifest.differences is manifest.differences
-    assert node_manifest.INSTALLED_TAG_PREFIX == manifest.INSTALLED_TAG_PREFIX == "gpuforge:installed:"
-    assert node_manifest.SCHEMA == manifest.SCHEMA == 2
+def test_the_tag_prefix_and_schema_are_the_documented_ones() -> None:
+    """docs/manifest.md's schema 2 and image tags gpuforge:installed:<component>."""
+    assert manifest.INSTALLED_TAG_PREFIX == "gpuforge:installed:"
+    assert manifest.SCHEMA == 2
 
 
 @pytest.mark.parametrize("case", list(GOOD))

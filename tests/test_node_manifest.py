@@ -1,7 +1,7 @@
 """/etc/gpuforge/manifest.json: the Python reader (gpuforge.node_manifest) and the role-side reader
 (roles/gpuforge_common/tasks/read_manifest.yml) read the same files the same way, and the writer's
 template produces what both read. The role side runs in one check-mode play on the control host.
-The golden fast path's decision is one implementation (plugins/module_utils/fast_path.py), tested
+The golden fast path's decision is one implementation (plugins/plugin_utils/fast_path.py), tested
 here through the CLI's gpuforge.node_manifest.fast_path and the bake play's filter gpuforge.gpu.fast_path.
 """
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils import fast_path as fast_path_module
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import fast_path as fast_path_module
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.manifest import Completed, Installed, differences
 
 import sourcefile
 from gpuforge import node_manifest, versions
@@ -41,7 +42,7 @@ FILES: dict[str, str | None] = {
 
 def test_python_reads_schema_2() -> None:
     manifest = node_manifest.parse(SCHEMA2)
-    assert manifest.installed["nvidia_driver"] == node_manifest.Installed("580.105.08", "base_image")
+    assert manifest.installed["nvidia_driver"] == Installed("580.105.08", "base_image")
     assert manifest.image_tags() == {
         "gpuforge:installed:dcgm": "4.5.3/gpuforge",
         "gpuforge:installed:nvidia_driver": "580.105.08/base_image",
@@ -65,10 +66,8 @@ def test_python_refuses_malformed_manifests(bad: Any) -> None:
 
 def test_differences_compare_actual_versions() -> None:
     manifest = node_manifest.parse(SCHEMA2)
-    assert node_manifest.differences(manifest, {"nvidia_driver": "580.105.08", "dcgm": "4.5.3"}) == {}
-    assert node_manifest.differences(
-        manifest, {"nvidia_driver": "580.95.05", "dcgm": "4.5.3", "nccl": "2.27.7"}
-    ) == {
+    assert differences(manifest, {"nvidia_driver": "580.105.08", "dcgm": "4.5.3"}) == {}
+    assert differences(manifest, {"nvidia_driver": "580.95.05", "dcgm": "4.5.3", "nccl": "2.27.7"}) == {
         "nccl": ("", "2.27.7"),
         "nvidia_driver": ("580.105.08", "580.95.05"),
     }
@@ -80,7 +79,7 @@ GOLDEN = {
     "completed": {
         "versions_hash": PINS.digest,
         "targets": ["p5.48xlarge", "p5e.48xlarge"],
-        "install_revision": node_manifest.INSTALL_REVISION,
+        "install_revision": fast_path_module.INSTALL_REVISION,
     },
 }
 OLD = "0" * 64
@@ -149,10 +148,9 @@ FAST_PATH: dict[str, tuple[dict[str, Any] | None, str, bool, tuple[bool, str]]] 
 
 
 def test_the_install_revision_is_defined_once() -> None:
-    """plugins/module_utils/fast_path.py's INSTALL_REVISION, which the CLI reads and the manifest's
+    """plugins/plugin_utils/fast_path.py's INSTALL_REVISION, which the CLI reads and the manifest's
     writer records through gpuforge.gpu.completed_install (the written file:
     test_only_the_last_write_records_a_completed_install); no role variable copies it."""
-    assert node_manifest.INSTALL_REVISION == fast_path_module.INSTALL_REVISION
     assert max(fast_path_module.REVISIONS) == fast_path_module.INSTALL_REVISION
     assert "install_revision" not in (REPO / "roles/gpuforge_common/vars/main.yml").read_text()
     template = (REPO / "roles/gpuforge_common/templates/etc/gpuforge/manifest.json.j2").read_text()
@@ -160,7 +158,7 @@ def test_the_install_revision_is_defined_once() -> None:
     assert fast_path_filter.completed_install("abc", ["p5.48xlarge"]) == {
         "versions_hash": "abc",
         "targets": ["p5.48xlarge"],
-        "install_revision": node_manifest.INSTALL_REVISION,
+        "install_revision": fast_path_module.INSTALL_REVISION,
     }
 
 
@@ -185,7 +183,7 @@ def test_targets_recorded_as_a_string_are_a_malformed_manifest() -> None:
     # No targets recorded at all is an empty list, as the CLI's reader takes it.
     raw = {
         **GOLDEN,
-        "completed": {"versions_hash": PINS.digest, "install_revision": node_manifest.INSTALL_REVISION},
+        "completed": {"versions_hash": PINS.digest, "install_revision": fast_path_module.INSTALL_REVISION},
     }
     assert fast_path_filter.fast_path(raw, PINS.digest, "p5.48xlarge") == [
         False,
@@ -240,8 +238,8 @@ def test_bake_filter_refuses_what_is_not_a_manifest_or_a_hash(manifest: Any, pin
 
 def test_completed_round_trips_and_malformed_is_refused() -> None:
     node = node_manifest.parse(GOLDEN)
-    assert node.completed == node_manifest.Completed(
-        PINS.digest, ("p5.48xlarge", "p5e.48xlarge"), node_manifest.INSTALL_REVISION
+    assert node.completed == Completed(
+        PINS.digest, ("p5.48xlarge", "p5e.48xlarge"), fast_path_module.INSTALL_REVISION
     )
     assert node_manifest.parse(node.as_dict()) == node
     with pytest.raises(UserError, match="completed"):
@@ -335,7 +333,7 @@ def test_only_the_last_write_records_a_completed_install(role_side: dict[str, An
         "versions_hash": PINS.digest,
         "targets": ["p5.48xlarge"],
         # The module's revision, which the template takes through gpuforge.gpu.completed_install.
-        "install_revision": node_manifest.INSTALL_REVISION,
+        "install_revision": fast_path_module.INSTALL_REVISION,
     }
     assert first_over_golden["completed"] == GOLDEN["completed"]  # kept from the earlier run
     assert "completed" not in first_over_fresh

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils import targets
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import targets
 
 import sourcefile
 from gpuforge import versions
@@ -140,7 +140,7 @@ def test_blackwell_targets_need_the_open_modules() -> None:
     """data/instance_types.yml: B200 runs only on the open kernel modules; H100 on either."""
     data = yaml.safe_load((REPO / "data/instance_types.yml").read_text())
     types, models = data["gpuforge_instance_types"], data["gpuforge_gpu_models"]
-    # The collection's module_utils/targets.py (filter gpuforge.gpu.targets_needing_open_modules).
+    # The collection's plugins/plugin_utils/targets.py (filter gpuforge.gpu.targets_needing_open_modules).
     assert targets.open_modules(["p5.48xlarge", "p6-b200.48xlarge"], types, models) == ["p6-b200.48xlarge"]
     assert targets.open_modules(["p5.48xlarge", "g6.xlarge", "unknown.type"], types, models) == []
 

@@ -1,5 +1,5 @@
 """The NCCL range of an aws-ofi-nccl release (data/aws_ofi_nccl.yml), and which release is in use, written
-once in the collection's plugins/module_utils/ofi_nccl.py: the roles call it through the filters
+once in the collection's plugins/plugin_utils/ofi_nccl.py: the roles call it through the filters
 gpuforge.gpu.ofi_nccl_range and gpuforge.gpu.ofi_nccl_release_in_use; the cases test it directly, and
 the nccl role's adopt-or-install decision is run against the plugin in use.
 """
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils import ofi_nccl
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import ofi_nccl, policy
 
 import sourcefile
-from gpuforge import policy, versions
+from gpuforge import versions
 from localplay import record, run_cases
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,6 +1,7 @@
-"""The version policy, decided once (plugins/module_utils/policy.py): the CLI's gpuforge.policy and
-the roles' filter gpuforge.gpu.version_decision (plugins/filter/version_policy.py) over the same
-cases: adopt, keep, install, refuse to downgrade, and the one opt-in.
+"""The version policy, decided once (plugins/plugin_utils/policy.py): the module the CLI imports
+(ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy) and the roles' filter
+gpuforge.gpu.version_decision (plugins/filter/version_policy.py) over the same cases: adopt, keep,
+install, refuse to downgrade, and the one opt-in.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import policy
 
 import sourcefile
-from gpuforge import policy
 from localplay import record, run_cases
 
 version_policy = sourcefile.load("version_policy", "plugins/filter/version_policy.py")

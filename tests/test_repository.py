@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.versions import VERSIONS_HASH_TAG
 
 import sourcefile
 from gpuforge import versions
@@ -72,8 +73,8 @@ def test_a_play_without_the_ec2_inventory_does_not_import_boto3(tmp_path: Path) 
 def test_versions_manifest_loads_and_tags_every_component() -> None:
     manifest = versions.load()
     tags = manifest.image_tags()
-    assert tags[versions.HASH_TAG] == manifest.digest
-    assert {k.removeprefix(versions.TAG_PREFIX) for k in tags if k != versions.HASH_TAG} == set(
+    assert tags[VERSIONS_HASH_TAG] == manifest.digest
+    assert {k.removeprefix(versions.TAG_PREFIX) for k in tags if k != VERSIONS_HASH_TAG} == set(
         manifest.components
     )
     assert all(len(v) <= 256 for v in tags.values())  # EC2's tag value limit.
@@ -115,7 +116,7 @@ def _broken_pins() -> tuple[dict[str, Any], dict[str, Any], str]:
 
 
 def test_the_roles_filter_names_each_pin_the_policy_forbids() -> None:
-    """load_data.yml's rules are the CLI's (plugins/module_utils/versions.py): each offender named."""
+    """load_data.yml's rules are the CLI's (plugins/plugin_utils/versions.py): each offender named."""
     data, broken, _ = _broken_pins()
     assert versions_filters.versions_bad_pins(data["gpuforge_versions"]) == sorted(broken)
     assert (

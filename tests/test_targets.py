@@ -1,5 +1,5 @@
 """Target instance types: the facts in data/instance_types.yml and the decisions taken from them,
-written once in the collection's plugins/module_utils/targets.py. The CLI (gpuforge.targets) and the
+written once in the collection's plugins/plugin_utils/targets.py. The CLI (gpuforge.targets) and the
 roles (filters gpuforge.gpu.target_*, targets_*) call that one implementation; the cases below test it
 directly, and one check-mode play on the control host (tests/localplay.py) checks that gpuforge_common
 and nvidia_driver's defaults take the same decisions through the filters: a builder that is a
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils import targets as rules
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import targets as rules
 
 import sourcefile
 from gpuforge import instance_types, targets, versions
@@ -306,7 +306,7 @@ def test_the_target_filters_say_what_to_pass(name: str, args: tuple[Any, ...], m
 
 
 def test_the_target_filters_are_the_one_implementation() -> None:
-    """The roles' entry points hand their inputs to module_utils.targets unchanged."""
+    """The roles' entry points hand their inputs to plugin_utils.targets unchanged."""
     filters = sourcefile.load("target_types", "plugins/filter/target_types.py").FilterModule().filters()
     data = instance_types.data()
     types, models = data["gpuforge_instance_types"], data["gpuforge_gpu_models"]
@@ -324,7 +324,7 @@ def test_the_target_filters_are_the_one_implementation() -> None:
 
 
 def test_no_role_keeps_a_jinja_copy_of_the_target_or_range_decisions() -> None:
-    """The decisions live in plugins/module_utils only: no role computes them in Jinja or publishes
+    """The decisions live in plugins/plugin_utils only: no role computes them in Jinja or publishes
     them as play-wide facts, and gpuforge_common has no entry point for the NCCL range."""
     assert not (REPO / "roles/gpuforge_common/tasks/ofi_nccl_range.yml").exists()
     gone = (
@@ -412,7 +412,7 @@ def test_a_g5_builder_baking_for_p5_installs_the_fabric_manager(ansible_results:
     # A converge on a node of a p5 image keeps the image's targets (and so its fabric manager).
     assert ansible_results["g5-node-of-a-p5-image"]["targets"] == RECORDED["g5-node-of-a-p5-image"]
     assert ansible_results["g5-node-of-a-p5-image"]["fabricmanager"] is True
-    # The words are the one implementation's (module_utils.targets.refusal), as the CLI says them.
+    # The words are the one implementation's (plugin_utils.targets.refusal), as the CLI says them.
     assert "unknown instance type 'p9.fake'" in ansible_results["unknown"]
     assert "'p6e-gb200.36xlarge' is not supported: arm64" in ansible_results["unsupported"]
     assert "p6-b200.48xlarge: the pinned driver 535.261.03" in ansible_results["b200-old-pins"]

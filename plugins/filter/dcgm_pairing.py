@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped]
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import (
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy import (
     compare,
     upstream_version,
     version_key,

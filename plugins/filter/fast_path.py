@@ -5,7 +5,7 @@ playbooks/bake.yml's first play reads the node's manifest and asks:
     "{{ gpuforge_previous_manifest | gpuforge.gpu.fast_path(gpuforge_versions_hash, gpuforge_instance_type,
         full_install=gpuforge_full_install) }}"  ->  [golden (bool), why]
 
-The decision is plugins/module_utils/fast_path.py, which the CLI imports too. Its install revision
+The decision is plugins/plugin_utils/fast_path.py, which the CLI imports too. Its install revision
 is recorded by the manifest's writer through gpuforge.gpu.completed_install, so it is defined once:
 
     {{ gpuforge_versions_hash | gpuforge.gpu.completed_install(gpuforge_targets) }}
@@ -19,7 +19,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.gpuforge.gpu.plugins.module_utils.fast_path import completed, decide
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.fast_path import completed, decide
 
 
 def fast_path(
@@ -41,7 +41,7 @@ def fast_path(
 
 def completed_install(versions_hash: Any, targets: Any) -> dict[str, Any]:
     """The manifest's `completed` entry for an install phase run to its end (with the install revision
-    of plugins/module_utils/fast_path.py)."""
+    of plugins/plugin_utils/fast_path.py)."""
     if not isinstance(versions_hash, str) or not versions_hash:
         raise AnsibleFilterError("completed_install: pass the current pins' hash (gpuforge_versions_hash)")
     if not isinstance(targets, list):

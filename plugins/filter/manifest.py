@@ -1,4 +1,4 @@
-"""Ansible filters over the node manifest, /etc/gpuforge/manifest.json (plugins/module_utils/manifest.py,
+"""Ansible filters over the node manifest, /etc/gpuforge/manifest.json (plugins/plugin_utils/manifest.py,
 which the CLI's gpuforge.node_manifest imports too); documented in node_manifest.yml and
 manifest_drift.yml beside this file.
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils import manifest
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import manifest
 
 
 def _fix(where: str) -> str:

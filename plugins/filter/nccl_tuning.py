@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import compare
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy import compare
 
 _VERSION = re.compile(r"\d+(?:\.\d+)*")
 
@@ -37,7 +37,7 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 
 def _below(found: str, bound: str) -> bool | None:
     """Whether version `found` sorts below `bound`, compared as the version policy compares
-    (plugins/module_utils/policy.py: "6.8" == "6.8.0", "1.22.0amzn4.0" above "1.22.0"); None when
+    (plugins/plugin_utils/policy.py: "6.8" == "6.8.0", "1.22.0amzn4.0" above "1.22.0"); None when
     either is not a version (no leading number)."""
     if parse_version(found) is None or parse_version(bound) is None:
         return None

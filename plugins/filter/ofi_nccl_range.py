@@ -1,7 +1,7 @@
 """Ansible filters gpuforge.gpu.ofi_nccl_range (the NCCL range an aws-ofi-nccl release is tested with)
 and gpuforge.gpu.ofi_nccl_release_in_use (which release that is).
 
-The rules are plugins/module_utils/ofi_nccl.py (the CLI imports it too); documented in
+The rules are plugins/plugin_utils/ofi_nccl.py (the CLI imports it too); documented in
 ofi_nccl_range.yml and ofi_nccl_release_in_use.yml beside this file.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils import ofi_nccl
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import ofi_nccl
 
 
 def ofi_nccl_range(release: Any, releases: Any, nccl: Any = "") -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Ansible filters for the decisions taken from an image's target instance types.
 
-The rules are in plugins/module_utils/targets.py (which the CLI imports too); these are its entry
+The rules are in plugins/plugin_utils/targets.py (which the CLI imports too); these are its entry
 points for the roles, each documented in the .yml of its name beside this file:
 
 - target_names: the types a node's software is for (given, else recorded, else its own);
@@ -17,13 +17,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils import targets
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import targets
 
 T = TypeVar("T")
 
 
 def _checked(filter_name: str, decide: Callable[[], T]) -> T:
-    """`decide()`, its ValueError (module_utils.targets says what to pass) as the filter's error."""
+    """`decide()`, its ValueError (plugin_utils.targets says what to pass) as the filter's error."""
     try:
         return decide()
     except ValueError as error:
@@ -33,7 +33,7 @@ def _checked(filter_name: str, decide: Callable[[], T]) -> T:
 def target_names(
     given: Any, recorded: Any = None, own_type: Any = None, instance_types: Any = None
 ) -> list[str]:
-    """gpuforge.gpu.target_names: see module_utils.targets.choose."""
+    """gpuforge.gpu.target_names: see plugin_utils.targets.choose."""
     return _checked(
         "target_names",
         lambda: targets.choose(
@@ -45,7 +45,7 @@ def target_names(
 def target_refusals(
     names: Any, instance_types: Any, gpu_models: Any, unsupported: Any, versions: Any
 ) -> list[str]:
-    """gpuforge.gpu.target_refusals: see module_utils.targets.refusals."""
+    """gpuforge.gpu.target_refusals: see plugin_utils.targets.refusals."""
     return _checked(
         "target_refusals", lambda: targets.refusals(names, instance_types, gpu_models, unsupported, versions)
     )
@@ -56,14 +56,14 @@ def _types(instance_types: Any) -> targets.Rows:
 
 
 def targets_nvswitch(names: Any, instance_types: Any) -> bool:
-    """gpuforge.gpu.targets_nvswitch: see module_utils.targets.nvswitch."""
+    """gpuforge.gpu.targets_nvswitch: see plugin_utils.targets.nvswitch."""
     return _checked(
         "targets_nvswitch", lambda: targets.nvswitch(targets.target_list(names), _types(instance_types))
     )
 
 
 def targets_nvlink_subnet_manager(names: Any, instance_types: Any) -> bool:
-    """gpuforge.gpu.targets_nvlink_subnet_manager: see module_utils.targets.nvlink_subnet_manager."""
+    """gpuforge.gpu.targets_nvlink_subnet_manager: see plugin_utils.targets.nvlink_subnet_manager."""
     return _checked(
         "targets_nvlink_subnet_manager",
         lambda: targets.nvlink_subnet_manager(targets.target_list(names), _types(instance_types)),
@@ -71,12 +71,12 @@ def targets_nvlink_subnet_manager(names: Any, instance_types: Any) -> bool:
 
 
 def efa_targets(names: Any, instance_types: Any) -> list[str]:
-    """gpuforge.gpu.efa_targets: see module_utils.targets.efa."""
+    """gpuforge.gpu.efa_targets: see plugin_utils.targets.efa."""
     return _checked("efa_targets", lambda: targets.efa(targets.target_list(names), _types(instance_types)))
 
 
 def targets_needing_open_modules(names: Any, instance_types: Any, gpu_models: Any) -> list[str]:
-    """gpuforge.gpu.targets_needing_open_modules: see module_utils.targets.open_modules."""
+    """gpuforge.gpu.targets_needing_open_modules: see plugin_utils.targets.open_modules."""
     return _checked(
         "targets_needing_open_modules",
         lambda: targets.open_modules(

@@ -10,7 +10,7 @@ Each stack role probes what the host has, then records the decision in the play-
 
 and acts on gpuforge_reality[component].action (install / downgrade: install the pin; keep / adopt:
 leave the host as it is). A refusal fails the task with the policy's message. The decision itself is
-plugins/module_utils/policy.py, which the CLI imports too.
+plugins/plugin_utils/policy.py, which the CLI imports too.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import (
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy import (
     compare,
     decide,
     previous_source,

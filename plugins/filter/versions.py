@@ -4,7 +4,7 @@ manifest's rules and its digest, for gpuforge_common's load_data.yml:
     that: gpuforge_versions | gpuforge.gpu.versions_bad_pins | length == 0
     gpuforge_versions_hash: "{{ gpuforge_versions | gpuforge.gpu.versions_digest }}"
 
-The rules are plugins/module_utils/versions.py, which the CLI imports too (gpuforge.versions), so
+The rules are plugins/plugin_utils/versions.py, which the CLI imports too (gpuforge.versions), so
 nodes, AMI tags and the CLI compute the same hash.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.module_utils.versions import bad_pins, digest
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.versions import bad_pins, digest
 
 
 def _components(versions: Any, who: str) -> Mapping[str, Any]:

@@ -15,16 +15,16 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.versions import VERSIONS_HASH_TAG
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuforge import image as images
 from gpuforge.errors import ExternalError, UserError
-from gpuforge.versions import HASH_TAG
 
 LOG = logging.getLogger(__name__)
 
 # What every gpuforge bake tags (packer/gpuforge.pkr.hcl local.image_tags and versions.Manifest.image_tags).
-REQUIRED_TAGS = (images.FLAVOR_TAG, images.BUILD_ID_TAG, images.SOURCE_AMI_TAG, HASH_TAG)
+REQUIRED_TAGS = (images.FLAVOR_TAG, images.BUILD_ID_TAG, images.SOURCE_AMI_TAG, VERSIONS_HASH_TAG)
 PCLUSTER_FLAVOR = "pcluster"
 PCLUSTER_VERSION_TAG = "parallelcluster:version"
 PCLUSTER_BUILD_STATUS_TAG = "parallelcluster:build_status"

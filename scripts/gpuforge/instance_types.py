@@ -1,7 +1,7 @@
 """Hardware facts per instance type from data/instance_types.yml.
 
 Which types gpuforge builds for, and the words of a refusal, are the collection's
-plugins/module_utils/targets.py (the roles use the same through filters).
+plugins/plugin_utils/targets.py (the roles use the same through filters).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ansible_collections.gpuforge.gpu.plugins.module_utils import targets as target_rules
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import targets as target_rules
 
 from gpuforge import paths
 from gpuforge.errors import UserError

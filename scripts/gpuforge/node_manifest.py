@@ -1,12 +1,12 @@
-"""The node manifest, /etc/gpuforge/manifest.json, for the CLI: read it, and turn it into image tags.
+"""The node manifest, /etc/gpuforge/manifest.json, for the CLI: read the file, with its errors as UserError.
 
 The reader, the tag format and the drift comparison live once, in the collection
-(plugins/module_utils/manifest.py, installed with the wheel as ansible_collections.gpuforge.gpu);
+(plugins/plugin_utils/manifest.py, installed with the wheel as ansible_collections.gpuforge.gpu);
 the roles call the same code through the filters gpuforge.gpu.node_manifest (read_manifest.yml) and
-gpuforge.gpu.manifest_drift (playbooks/drift.yml). This module re-exports it under its old names,
-turns its errors into UserError and reads the file. The golden fast path's decision over a
-manifest lives once too, in plugins/module_utils/fast_path.py. The schema is documented in
-docs/manifest.md and in the collection module.
+gpuforge.gpu.manifest_drift (playbooks/drift.yml). The golden fast path's decision over a manifest
+lives once too, in plugins/plugin_utils/fast_path.py. Who needs their names (NodeManifest,
+INSTALL_REVISION, ...) imports them from there. The schema is documented in docs/manifest.md and in
+the collection module.
 """
 
 from __future__ import annotations
@@ -15,37 +15,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.gpuforge.gpu.plugins.module_utils import fast_path as _fast_path
-from ansible_collections.gpuforge.gpu.plugins.module_utils import manifest as _manifest
-from ansible_collections.gpuforge.gpu.plugins.module_utils.manifest import (
-    INSTALLED_TAG_PREFIX,
-    SCHEMA,
-    Completed,
-    Installed,
-    NodeManifest,
-    differences,
-)
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import fast_path as _fast_path
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import manifest as _manifest
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.manifest import NodeManifest
 
 from gpuforge.errors import UserError
 
-__all__ = [
-    "INSTALLED_TAG_PREFIX",
-    "INSTALL_REVISION",
-    "PATH",
-    "SCHEMA",
-    "Completed",
-    "Installed",
-    "NodeManifest",
-    "differences",
-    "fast_path",
-    "load",
-    "parse",
-]
-
 PATH = Path("/etc/gpuforge/manifest.json")
-# What the install phase covers beyond the pinned components (completed.install_revision): defined
-# once, with the fast-path decision that compares it, in the collection.
-INSTALL_REVISION = _fast_path.INSTALL_REVISION
 
 
 def parse(data: Any, where: str = "manifest.json") -> NodeManifest:
@@ -70,7 +46,7 @@ def fast_path(
     """Whether a node may skip the install phase (the golden fast path), and why or why not.
 
     `node` is None where the manifest is missing or unreadable. The decision is the collection's
-    (plugins/module_utils/fast_path.py), the one the bake play makes through the filter
+    (plugins/plugin_utils/fast_path.py), the one the bake play makes through the filter
     gpuforge.gpu.fast_path.
     """
     return _fast_path.decide(

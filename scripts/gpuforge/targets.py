@@ -3,7 +3,7 @@
 Every hardware-dependent install decision of a bake (fabric manager and libnvidia-nscq, the NVLink
 subnet manager, which GPUs the driver branch and CUDA must support, the aws-ofi-nccl/NCCL releases a
 type needs) is taken from these targets, never from the builder the bake happens to run on. The rules
-are the collection's plugins/module_utils/targets.py, which the roles call through filters; this
+are the collection's plugins/plugin_utils/targets.py, which the roles call through filters; this
 module adds what only the CLI needs (the option's parsing, the image tag, the UserError).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.gpuforge.gpu.plugins.module_utils import targets as rules
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import targets as rules
 
 from gpuforge import instance_types, versions
 from gpuforge.errors import UserError

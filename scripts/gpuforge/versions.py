@@ -7,16 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ansible_collections.gpuforge.gpu.plugins.module_utils import versions as _rules
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import versions as _rules
 
 from gpuforge import paths
 from gpuforge.errors import UserError
 
-# The rules and the digest live once, in the collection (plugins/module_utils/versions.py), which
-# roles/gpuforge_common/tasks/load_data.yml applies through the collection's filters.
-VERSION_PATTERN = _rules.VERSION_PATTERN
+# The rules, the digest and its tag (VERSIONS_HASH_TAG) live once, in the collection
+# (plugins/plugin_utils/versions.py), which roles/gpuforge_common/tasks/load_data.yml applies through
+# the collection's filters; who needs them imports them from there.
 TAG_PREFIX = "gpuforge:"
-HASH_TAG = _rules.VERSIONS_HASH_TAG
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class Manifest:
     def image_tags(self) -> dict[str, str]:
         """Tags for a baked AMI: one per component version plus the manifest hash."""
         tags = {f"{TAG_PREFIX}{name}": pins["version"] for name, pins in sorted(self.components.items())}
-        tags[HASH_TAG] = self.digest
+        tags[_rules.VERSIONS_HASH_TAG] = self.digest
         return tags
 
     def node_manifest(self) -> dict[str, Any]:

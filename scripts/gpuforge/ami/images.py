@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.versions import VERSIONS_HASH_TAG
 from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
 from gpuforge import aws
@@ -25,7 +26,6 @@ from gpuforge.image import Image as Image
 from gpuforge.image import describe as describe
 from gpuforge.image import describe_images as _describe
 from gpuforge.image import ec2_client as _ec2
-from gpuforge.versions import HASH_TAG
 
 LOG = logging.getLogger(__name__)
 
@@ -418,8 +418,9 @@ def stale_reason(
     tags = image.tags
     if tags.get(SOURCE_AMI_TAG) != base.id:
         return f"base image changed: {tags.get(SOURCE_AMI_TAG, 'untagged')} -> {base.id} ({base.name})"
-    if tags.get(HASH_TAG) != versions_hash:
-        return f"versions manifest changed: {tags.get(HASH_TAG, 'untagged')[:12]} -> {versions_hash[:12]}"
+    if tags.get(VERSIONS_HASH_TAG) != versions_hash:
+        old = tags.get(VERSIONS_HASH_TAG, "untagged")
+        return f"versions manifest changed: {old[:12]} -> {versions_hash[:12]}"
     if inputs_hash is not None and tags.get(INPUTS_HASH_TAG) != inputs_hash:
         return (
             "bake inputs changed (roles, playbooks, plugins, packer templates or data): "

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 # Releases compare as the version policy compares them (numbers as numbers, no Debian epoch).
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import compare, version_key
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy import compare, version_key
 
 TABLE_KEY = "gpuforge_aws_ofi_nccl_releases"
 

@@ -1,7 +1,8 @@
 """The version policy: adopt what a host has, install the pin, or refuse to downgrade.
 
 The one implementation: the roles call it through the filter gpuforge.gpu.version_decision
-(plugins/filter/version_policy.py) and the CLI imports it (gpuforge.policy re-exports it).
+(plugins/filter/version_policy.py) and the CLI imports it
+(ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy).
 
 For one component, given the release installed now (or none), the pin from versions.yml and its
 floor:

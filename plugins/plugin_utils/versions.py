@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import SOURCES, compare
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy import SOURCES, compare
 
 # A pin is an exact version: dotted numbers, optionally a "-suffix" (dcgm-exporter's "3.3.9-3.6.1").
 VERSION_PATTERN = r"^[0-9]+([.][0-9]+)+(-[0-9A-Za-z.]+)?$"

@@ -22,7 +22,7 @@ from typing import Any
 # manifest's completed.install_revision; bumped whenever it starts baking something versions.yml does
 # not pin, so an image baked before that change takes the full install. Defined here only: the
 # manifest's writer (roles/gpuforge_common/templates/etc/gpuforge/manifest.json.j2) records it through
-# the filter gpuforge.gpu.completed_install, the CLI reads it as gpuforge.node_manifest.INSTALL_REVISION.
+# the filter gpuforge.gpu.completed_install; decide() below compares with it, for the CLI too.
 # Each revision after the first, and what it started baking (the message of a refused fast path
 # names what an older image lacks); add the new revision's entry when bumping INSTALL_REVISION.
 REVISIONS: dict[int, str] = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import compare
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy import compare
 
 Rows = Mapping[str, Mapping[str, Any]]
 

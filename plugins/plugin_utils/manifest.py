@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Releases compare as the version policy compares them (the drift check's "below the floor").
-from ansible_collections.gpuforge.gpu.plugins.module_utils.policy import SOURCES, compare
-from ansible_collections.gpuforge.gpu.plugins.module_utils.versions import VERSIONS_HASH_TAG
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy import SOURCES, compare
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils.versions import VERSIONS_HASH_TAG
 
 SCHEMA = 2
 # One AMI tag per installed component: "gpuforge:installed:<component>" = "<version>/<source>[@<digest>]".
