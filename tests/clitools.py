@@ -10,11 +10,13 @@ import argparse
 from collections.abc import Sequence
 from types import ModuleType
 
+from gpuforge.commands import base as commands
+
 
 def run(module: ModuleType, argv: Sequence[str]) -> int:
-    """Parse argv with the commands `module` registers and call the chosen command's handler."""
+    """Parse argv with the commands of `module` (its COMMANDS) and call the chosen command's handler."""
     parser = argparse.ArgumentParser(prog="gpuforge")
-    module.register(parser.add_subparsers(dest="command", required=True))
+    commands.register(parser.add_subparsers(dest="command", required=True), module.COMMANDS)
     args = parser.parse_args(argv)
     code: int = args.handler(args)
     return code

@@ -128,9 +128,9 @@ def test_param_validation_error_is_one_line_exit_2(
     aws: MotoServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """botocore's client-side check of a request (here: an empty parameter name) is the user's input."""
-    from gpuforge.ami import cli as ami_cli
+    from gpuforge.commands import ami as ami_commands
 
-    monkeypatch.setattr(ami_cli, "_publish", _handler_calling("empty-name"))
+    monkeypatch.setattr(ami_commands.Publish, "execute", staticmethod(_handler_calling("empty-name")))
     assert cli.main(["publish", "--ami", "ami-0123456789abcdef0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gpuforge: error: Parameter validation failed: ")
@@ -139,13 +139,13 @@ def test_param_validation_error_is_one_line_exit_2(
 def test_client_error_outside_gpuforge_handling_is_one_line_exit_1(
     aws: MotoServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpuforge.ami import cli as ami_cli
+    from gpuforge.commands import ami as ami_commands
 
     def handler(args: argparse.Namespace) -> int:
         gpuforge_aws.client("ec2").describe_images(ImageIds=["ami-0123456789abcdef0"])
         return 0
 
-    monkeypatch.setattr(ami_cli, "_publish", handler)
+    monkeypatch.setattr(ami_commands.Publish, "execute", staticmethod(handler))
     assert cli.main(["publish", "--ami", "ami-0123456789abcdef0"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(

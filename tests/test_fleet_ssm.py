@@ -27,8 +27,8 @@ from botocore.stub import Stubber
 import ssmdouble
 from gpuforge import cli as gpuforge_cli
 from gpuforge import noderev
+from gpuforge.commands import fleet as fleet_cli
 from gpuforge.errors import UserError
-from gpuforge.fleet import cli as fleet_cli
 from gpuforge.fleet import document, ssm
 from gpuforge_lab.moto import MotoServer, free_port
 

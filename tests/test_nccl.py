@@ -21,9 +21,9 @@ from matplotlib.axes import Axes
 import clitools
 from gpuforge import cli as gpuforge_cli
 from gpuforge import instance_types
+from gpuforge.commands import nccl as nccl_cli
 from gpuforge.errors import UserError
 from gpuforge.nccl import baseline, report
-from gpuforge.nccl import cli as nccl_cli
 from gpuforge.nccl.evaluate import Evaluation, Verdict, evaluate, settings
 from gpuforge.nccl.parse import Run, parse, strip_prefix
 from gpuforge.nccl.plot import GIB_LABEL, figure

@@ -24,7 +24,7 @@ import yaml
 
 import twinlab
 from gpuforge import versions
-from gpuforge.nccl import cli as nccl_cli
+from gpuforge.commands.nccl import NcclReport
 from gpuforge.nccl.evaluate import THRESHOLD
 from gpuforge.nccl.parse import parse
 from gpuforge_lab.artifacts import fixtures
@@ -400,7 +400,7 @@ def test_standin_output_is_read_by_nccl_report(standin: Path, tmp_path: Path) ->
     assert len(result.rows) == 31 and result.rows[-1].size_bytes == 8 << 30
     assert all(r.out_of_place.wrong is None for r in result.rows)
     (tmp_path / "standin.log").write_text(log)
-    code = nccl_cli.handle(
+    code = NcclReport().execute(
         argparse.Namespace(
             logs=[tmp_path / "standin.log"],
             instance_type="p5.48xlarge",

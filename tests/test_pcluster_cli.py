@@ -21,8 +21,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster-spec.yml"
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     """Build the CLI with just this feature's commands, so other modules' state cannot break these tests."""
-    assert "gpuforge.pcluster.cli" in cli._COMMAND_MODULES
-    monkeypatch.setattr(cli, "_COMMAND_MODULES", ("gpuforge.pcluster.cli",))
+    assert "gpuforge.commands.cluster_config" in cli._COMMAND_MODULES
+    monkeypatch.setattr(cli, "_COMMAND_MODULES", ("gpuforge.commands.cluster_config",))
 
 
 @pytest.fixture

@@ -35,8 +35,8 @@ BUCKET = "my-gpuforge-bucket"  # the examples' revision bucket, listed in every 
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     """Build the CLI with just roll, so other modules' state cannot break these tests."""
-    assert "gpuforge.pcluster.roll" in cli._COMMAND_MODULES
-    monkeypatch.setattr(cli, "_COMMAND_MODULES", ("gpuforge.pcluster.roll",))
+    assert "gpuforge.commands.roll" in cli._COMMAND_MODULES
+    monkeypatch.setattr(cli, "_COMMAND_MODULES", ("gpuforge.commands.roll",))
 
 
 def _generate(example: str, path: Path, drop_strategy: bool = False) -> Path:

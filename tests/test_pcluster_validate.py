@@ -238,7 +238,7 @@ def test_cli_validate_exits_2_naming_the_setting(
     from gpuforge.pcluster.config import dump_config
 
     # Only this feature's commands, as in test_pcluster_cli.py, so other modules cannot break this test.
-    monkeypatch.setattr(cli, "_COMMAND_MODULES", ("gpuforge.pcluster.cli",))
+    monkeypatch.setattr(cli, "_COMMAND_MODULES", ("gpuforge.commands.cluster_config",))
     config = _secured(valid_config())
     config["Imds"]["ImdsSupport"] = "v1.0"
     path = tmp_path / "cluster.yml"

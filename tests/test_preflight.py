@@ -17,8 +17,8 @@ import pytest
 import clitools
 from gpuforge import cli as gpuforge_cli
 from gpuforge import instance_types
+from gpuforge.commands import preflight as preflight_cli
 from gpuforge.errors import UserError
-from gpuforge.preflight import cli as preflight_cli
 from gpuforge.preflight import runner
 from gpuforge.preflight.cluster import CLUSTER_TAG, NODE_TYPE_TAG, QUEUE_TAG
 from gpuforge.preflight.result import CheckResult, Status, render_table

@@ -19,8 +19,8 @@ from typing import Any
 from gpuforge import __version__
 from gpuforge import cli as product_cli
 from gpuforge.ami import bake as product_bake
-from gpuforge.ami import cli as ami_cli
 from gpuforge.cliargs import positive_int
+from gpuforge.commands import ami as ami_cli
 from gpuforge.errors import ExternalError, UserError
 from gpuforge_lab import core, host, images, state
 

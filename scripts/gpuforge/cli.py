@@ -20,18 +20,20 @@ from botocore.exceptions import (
 
 from gpuforge import __version__, logsafe
 from gpuforge.aws import CREDENTIALS_HINT
+from gpuforge.commands import base as commands
 from gpuforge.errors import ExternalError, UserError
 
-# Feature modules, each exposing register(subparsers). Add a module here to add its commands.
+# The command layer's modules (gpuforge.commands), each exposing COMMANDS, its command classes in the
+# order `gpuforge --help` lists them. Add a module here to add its commands.
 _COMMAND_MODULES = (
-    "gpuforge.pcluster.cli",
-    "gpuforge.pcluster.roll",
-    "gpuforge.preflight.cli",
-    "gpuforge.nccl.cli",
-    "gpuforge.ami.cli",
-    "gpuforge.noderev",
-    "gpuforge.fleet.cli",
-    "gpuforge.accept.cli",
+    "gpuforge.commands.cluster_config",
+    "gpuforge.commands.roll",
+    "gpuforge.commands.preflight",
+    "gpuforge.commands.nccl",
+    "gpuforge.commands.ami",
+    "gpuforge.commands.node_revision",
+    "gpuforge.commands.fleet",
+    "gpuforge.commands.accept",
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verbose(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        commands.register(sub, importlib.import_module(name).COMMANDS)
     return parser
 
 

@@ -13,10 +13,8 @@ image (gpuforge-node runs every revision with the image's runtime).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
-import json
 import re
 import subprocess
 import sys
@@ -24,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpuforge import aws, paths
+from gpuforge import paths
 from gpuforge.errors import UserError
 
 NODE_MODULE = Path("roles") / "gpuforge_node" / "files" / "gpuforge_node.py"
@@ -120,28 +118,13 @@ def _b64_sha256(data: bytes) -> str:
     return base64.b64encode(hashlib.sha256(data).digest()).decode()
 
 
-def _publish(args: argparse.Namespace) -> int:
+def revision_prefix(bucket: str, prefix: str | None) -> str:
+    """The key prefix to publish under (the node's default when None); a UserError for a prefix or bucket
+    gpuforge-node would refuse."""
     node = node_module()
-    prefix = args.prefix or node.DEFAULT_PREFIX
+    prefix = prefix or node.DEFAULT_PREFIX
     if not prefix.endswith("/"):
         raise UserError(f"--prefix {prefix!r} must end with /")
-    if not node.BUCKET_RE.match(args.bucket):
-        raise UserError(f"--bucket {args.bucket!r} is not an S3 bucket name")
-    result = publish(aws.client("s3"), args.repo, args.revision, args.bucket, prefix)
-    print(json.dumps(result, indent=2))
-    return 0
-
-
-def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "node-revision", help="gpuforge revisions that nodes fetch from S3 (docs/node-side.md)"
-    )
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    publish_p = verbs.add_parser(
-        "publish", help="upload the tracked tree at a commit, named by commit, with its sha256"
-    )
-    publish_p.add_argument("--bucket", required=True, help="the bucket the custom action reads")
-    publish_p.add_argument("--revision", default="HEAD", help="git revision to publish (HEAD)")
-    publish_p.add_argument("--prefix", help="key prefix (gpuforge/revisions/)")
-    publish_p.add_argument("--repo", type=Path, default=Path.cwd(), help="the gpuforge checkout (.)")
-    publish_p.set_defaults(handler=_publish)
+    if not node.BUCKET_RE.match(bucket):
+        raise UserError(f"--bucket {bucket!r} is not an S3 bucket name")
+    return prefix

@@ -1,43 +1,33 @@
-"""`gpuforge roll`: move a running ParallelCluster cluster to a new gpuforge revision or image.
+"""What `gpuforge roll` changes: a running ParallelCluster cluster's config moved to a new gpuforge
+revision or image, judged by ParallelCluster's own update policies before anything happens.
 
-ParallelCluster does the moving (docs/cluster-spec.md, "Rolling a change"): the queues' new settings go
-into the cluster config with a QueueUpdateStrategy, ParallelCluster's own ConfigPatch (gpuforge.pcluster.
-update) judges the change as `pcluster update-cluster` will, and `pcluster update-cluster` applies it.
+ParallelCluster does the moving (docs/cluster-spec.md, "Rolling a change"). With a revision, the queues'
+OnNodeConfigured gpuforge-node action gets `--revision --sha256 --bucket`; the head node's OnNodeConfigured
+cannot change on a running cluster (aws-parallelcluster 3.16.1, pcluster/schemas/cluster_schema.py
+HeadNodeCustomActionsSchema: OnNodeConfigured UpdatePolicy.UNSUPPORTED, OnNodeUpdated
+UpdatePolicy.SUPPORTED), so the head node's OnNodeUpdated action takes it. With an image, the queues'
+Image.CustomAmi (gpuforge.pcluster.rollout.patch, as `set-ami` does).
 
-- `--revision REV`: the revision is published to S3 (gpuforge.noderev.publish) and the queues'
-  OnNodeConfigured gpuforge-node action gets `--revision --sha256 --bucket`. The head node's
-  OnNodeConfigured cannot change on a running cluster: aws-parallelcluster 3.16.1,
-  pcluster/schemas/cluster_schema.py HeadNodeCustomActionsSchema gives it UpdatePolicy.UNSUPPORTED and
-  OnNodeUpdated UpdatePolicy.SUPPORTED, so `--head-node` moves the head node's OnNodeUpdated action,
-  which ParallelCluster runs on the head node after an update (custom-bootstrap-actions-v3).
-- `--ami AMI`: the queues' Image.CustomAmi (gpuforge.pcluster.rollout.patch, as `set-ami` does).
-
-Nothing is published, written or run when ParallelCluster would refuse the change.
+This module plans the change and publishes the revision; gpuforge.pcluster.backup keeps the config
+written over, gpuforge.pcluster.update_cluster runs pcluster, and gpuforge.commands.roll takes the
+options and prints.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import datetime
 import hashlib
-import json
 import logging
-import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuforge import aws, noderev
-from gpuforge.cliargs import existing_file
 from gpuforge.errors import ExternalError, UserError
 from gpuforge.pcluster import config as pcluster_config
 from gpuforge.pcluster import rollout, update
-from gpuforge.pcluster.validate import AmiFacts, image_facts, named_region, validate
+from gpuforge.pcluster.validate import named_region, validate
 
 LOG = logging.getLogger(__name__)
 
@@ -49,7 +39,6 @@ _REVISION_OPTIONS = ("--revision", "--sha256", "--bucket", "--prefix")
 # How `cluster-config generate` marks the action that runs gpuforge-node: its Args start with the
 # node's part, --node-type (generate.py _node_side_args; docs/node-side.md).
 _NODE_MARK = "--node-type"
-_PCLUSTER_TIMEOUT_S = 900
 
 
 @dataclass(frozen=True)
@@ -210,93 +199,6 @@ def refuse_unless_accepted(plan: update.Plan, source: str) -> None:
         raise UserError(f"{source}: nothing written, published or run.\n" + "\n".join(plan.lines()))
 
 
-def update_command(cluster_name: str | None, config_path: Path, region: str | None) -> list[str]:
-    """The `pcluster update-cluster` argv (pcluster 3.16.1 `pcluster update-cluster --help`)."""
-    argv = ["pcluster", "update-cluster", "--cluster-name", cluster_name or "CLUSTER_NAME"]
-    argv += ["--cluster-configuration", str(config_path)]
-    if region:
-        argv += ["--region", region]
-    return argv
-
-
-def _pcluster() -> str:
-    """pcluster from PATH, else the one installed beside this Python (gpuforge's virtualenv)."""
-    search = os.pathsep.join(filter(None, [os.environ.get("PATH"), str(Path(sys.executable).parent)]))
-    found = shutil.which("pcluster", path=search)
-    if found is None:
-        raise UserError(
-            "pcluster not found on PATH or in gpuforge's virtualenv: install aws-parallelcluster "
-            "(requirements/constraints.txt pins 3.16.1), or run without --apply and use the printed command"
-        )
-    return found
-
-
-def _pcluster_message(output: str) -> str:
-    """pcluster's JSON answer reduced to its message (and validation errors), else the raw text."""
-    try:
-        data = json.loads(output)
-    except ValueError:
-        return output.strip() or "no output"
-    if not isinstance(data, dict):
-        return output.strip()
-    parts = [str(data.get("message") or "")]
-    for key in ("updateValidationErrors", "configurationValidationErrors"):
-        parts += [str(e.get("message", e)) for e in data.get(key) or [] if isinstance(e, dict)]
-    return "; ".join(p for p in parts if p) or output.strip()
-
-
-def run_update(argv: Sequence[str]) -> str:
-    """Run `pcluster update-cluster`; its stdout, or an ExternalError with pcluster's own message."""
-    command = [_pcluster(), *argv[1:]]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=_PCLUSTER_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ExternalError(f"pcluster update-cluster gave no answer in {_PCLUSTER_TIMEOUT_S} s") from None
-    except OSError as exc:
-        raise ExternalError(f"cannot run {command[0]}: {exc.strerror}") from None
-    if done.returncode != 0:
-        message = _pcluster_message(done.stdout or done.stderr)
-        raise ExternalError(f"pcluster update-cluster failed (exit {done.returncode}): {message}")
-    return done.stdout
-
-
-def _backup(path: Path) -> Path:
-    """Copy path beside itself, named by the UTC time, never over an earlier backup."""
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    data = path.read_bytes()
-    for n in range(100):
-        backup = path.with_name(f"{path.name}.{stamp}{f'.{n}' if n else ''}.bak")
-        try:
-            with backup.open("xb") as handle:
-                handle.write(data)
-        except FileExistsError:
-            continue
-        return backup
-    raise UserError(f"cannot name a backup of {path}: too many backups this second")
-
-
-def write(document: dict[str, Any], source: Path, out: Path | None) -> Path:
-    """Write the patched config to out, or over source after a backup; the path written."""
-    if out is None:
-        backup = _backup(source)
-        print(f"backup of {source}: {backup}", file=sys.stderr)
-        out = source
-    pcluster_config.dump_document(document, out)
-    print(f"wrote {out}", file=sys.stderr)
-    return out
-
-
-def _image_facts(ami: str, region: str | None, force: bool) -> AmiFacts | None:
-    """The image checked as `cluster-config set-ami` checks it, and its OS and root volume size."""
-    # Imported here: only the image route reads images from EC2.
-    from gpuforge import fitness
-
-    fitness.require(ami, region, flavor=None, for_pcluster=True, force=force, target="a gpuforge roll")
-    return image_facts(ami, region, force)
-
-
 @dataclass(frozen=True)
 class Rolled:
     document: dict[str, Any]
@@ -305,11 +207,65 @@ class Rolled:
     publish: dict[str, str] | None  # the revision still to publish once the change is accepted
 
 
-def _roll_revision(args: argparse.Namespace, document: dict[str, Any], deployed: dict[str, Any]) -> Rolled:
+@dataclass(frozen=True)
+class Request:
+    """What to roll, and where: `gpuforge roll`'s options as typed values."""
+
+    config: Path
+    ami: str | None  # the image route, or
+    revision: str | None  # the revision route
+    repo: Path
+    bucket: str | None = None
+    prefix: str | None = None
+    queues: Sequence[str] | None = None  # None: every queue
+    head_node: bool = False
+    strategy: str = DEFAULT_STRATEGY
+    deployed_config: Path | None = None
+    force: bool = False
+    cluster_name: str | None = None
+    apply: bool = False
+    output: Path | None = None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A roll ParallelCluster accepts, nothing published or written yet."""
+
+    rolled: Rolled
+    region: str | None
+
+
+def check(request: Request) -> None:
+    """The request's own contradictions, before any file is read."""
+    if request.apply and not request.cluster_name:
+        raise UserError("--apply needs --cluster-name")
+    if request.ami is not None and (request.head_node or request.bucket or request.prefix):
+        raise UserError("--bucket, --prefix and --head-node go with --revision")
+
+
+def plan(request: Request) -> Planned:
+    """The patched config and ParallelCluster's verdict on it; a UserError, with nothing published,
+    written or run, when ParallelCluster would refuse the change."""
+    check(request)
+    document = pcluster_config.load_document(request.config)
+    deployed = pcluster_config.load_config(request.deployed_config) if request.deployed_config else None
+    if request.ami is not None:
+        rolled = _roll_ami(request, request.ami, document, deployed)
+    else:
+        old = deployed if deployed is not None else pcluster_config.plain(document)
+        rolled = _roll_revision(request, document, old)
+    source = f"cluster config {request.config}"
+    if deployed is not None:
+        source += f" against the deployed {request.deployed_config}"
+    refuse_unless_accepted(rolled.plan, source)
+    return Planned(rolled, named_region(document))
+
+
+def _roll_revision(request: Request, document: dict[str, Any], deployed: dict[str, Any]) -> Rolled:
     node = noderev.node_module()
-    actions = targets(document, args.queue, args.head_node)
-    bucket = args.bucket or current_bucket(actions)
-    prefix = args.prefix or node.DEFAULT_PREFIX
+    actions = targets(document, request.queues, request.head_node)
+    bucket = request.bucket or current_bucket(actions)
+    prefix = request.prefix or node.DEFAULT_PREFIX
     if not node.BUCKET_RE.match(bucket):
         raise UserError(f"--bucket {bucket!r} is not an S3 bucket name")
     if not prefix.endswith("/"):
@@ -325,120 +281,53 @@ def _roll_revision(args: argparse.Namespace, document: dict[str, Any], deployed:
         raise UserError("the revision's bucket is not readable:\n  " + "\n  ".join(problems))
     # The archive of an exact commit is the same bytes each time (git archive), so its sha256 can be
     # judged before anything is uploaded; publish() checks the object against it.
-    commit = noderev.resolve(args.repo, args.revision)
-    digest = hashlib.sha256(noderev.archive(args.repo, commit)).hexdigest()
+    commit = noderev.resolve(request.repo, str(request.revision))
+    digest = hashlib.sha256(noderev.archive(request.repo, commit)).hexdigest()
     revision_args = noderev.custom_action_args(node, commit, digest, bucket, prefix)
-    patched = set_revision(document, args.queue, args.head_node, revision_args, args.queue_update_strategy)
+    patched = set_revision(document, request.queues, request.head_node, revision_args, request.strategy)
     new = pcluster_config.plain(patched)
     validate(new)
-    plan = update.plan(deployed, new)
+    verdict = update.plan(deployed, new)
     publish = {"revision": commit, "sha256": digest, "bucket": bucket, "prefix": prefix}
-    return Rolled(patched, plan, f"revision {commit} (sha256 {digest})", publish)
+    return Rolled(patched, verdict, f"revision {commit} (sha256 {digest})", publish)
 
 
-def _roll_ami(args: argparse.Namespace, document: dict[str, Any], deployed: dict[str, Any] | None) -> Rolled:
-    change = rollout.ConfigChange(queues=args.queue, queue_update_strategy=args.queue_update_strategy)
+def _roll_ami(
+    request: Request, ami: str, document: dict[str, Any], deployed: dict[str, Any] | None
+) -> Rolled:
+    change = rollout.ConfigChange(queues=request.queues, queue_update_strategy=request.strategy)
     # The config's own mistakes (a bad id, an unknown queue) first, before any AWS call.
-    pcluster_config.set_custom_ami(document, args.ami, change.queues)
-    facts = _image_facts(args.ami, named_region(document), args.force)
-    result = rollout.patch(document, args.ami, facts, change, f"cluster config {args.config}")
-    plan = result.plan if deployed is None else update.plan(deployed, pcluster_config.plain(result.document))
-    return Rolled(result.document, plan, f"image {args.ami}", None)
+    pcluster_config.set_custom_ami(document, ami, change.queues)
+    facts = rollout.image_for(ami, named_region(document), request.force, "a gpuforge roll")
+    result = rollout.patch(document, ami, facts, change, f"cluster config {request.config}")
+    verdict = (
+        result.plan if deployed is None else update.plan(deployed, pcluster_config.plain(result.document))
+    )
+    return Rolled(result.document, verdict, f"image {ami}", None)
 
 
-def _publish(args: argparse.Namespace, region: str | None, wanted: dict[str, str]) -> None:
+def publish_revision(repo: Path, region: str | None, wanted: dict[str, str]) -> dict[str, Any]:
+    """Upload the judged revision (noderev.publish); an ExternalError when its bytes are not the judged."""
     result = noderev.publish(
-        aws.client("s3", region), args.repo, wanted["revision"], wanted["bucket"], wanted["prefix"]
+        aws.client("s3", region), repo, wanted["revision"], wanted["bucket"], wanted["prefix"]
     )
     if result["sha256"] != wanted["sha256"]:
         raise ExternalError(
             f"s3://{result['bucket']}/{result['key']} has sha256 {result['sha256']}, not the judged "
             f"{wanted['sha256']}: git archive gave other bytes; nothing written"
         )
+    return result
+
+
+def published_line(result: dict[str, Any]) -> str:
     state = "uploaded" if result["uploaded"] else "already there"
-    print(f"revision {result['revision']}: s3://{result['bucket']}/{result['key']} ({state})")
+    return f"revision {result['revision']}: s3://{result['bucket']}/{result['key']} ({state})"
 
 
-def _summary(rolled: Rolled, strategy: str) -> Iterator[str]:
+def summary(rolled: Rolled, strategy: str) -> Iterator[str]:
+    """What the roll does to the cluster, for people."""
     yield f"new nodes of the changed queues boot with {rolled.what}"
     yield f"nodes running now ({strategy}): {update.STRATEGY_EFFECTS[strategy]}"
     if any(c.path.startswith("HeadNode.") for c in rolled.plan.changes):
         yield "the head node runs its OnNodeUpdated action (the new revision) after the update"
     yield "how long a queue takes to turn over: docs/cluster-spec.md, 'Rolling a change'"
-
-
-def _roll(args: argparse.Namespace) -> int:
-    if args.apply and not args.cluster_name:
-        raise UserError("--apply needs --cluster-name")
-    if args.ami is not None and (args.head_node or args.bucket or args.prefix):
-        raise UserError("--bucket, --prefix and --head-node go with --revision")
-    document = pcluster_config.load_document(args.config)
-    deployed = pcluster_config.load_config(args.deployed_config) if args.deployed_config else None
-    if args.ami is not None:
-        rolled = _roll_ami(args, document, deployed)
-    else:
-        old = deployed if deployed is not None else pcluster_config.plain(document)
-        rolled = _roll_revision(args, document, old)
-    source = f"cluster config {args.config}"
-    if deployed is not None:
-        source += f" against the deployed {args.deployed_config}"
-    refuse_unless_accepted(rolled.plan, source)
-    region = named_region(document)
-    if rolled.publish is not None:
-        _publish(args, region, rolled.publish)
-    written = write(rolled.document, args.config, args.output)
-    print(*rolled.plan.lines(), sep="\n")
-    print(*_summary(rolled, args.queue_update_strategy), sep="\n")
-    argv = update_command(args.cluster_name, written, region)
-    print("run:" if not args.apply else "running:", " ".join(argv))
-    if args.apply:
-        sys.stdout.write(run_update(argv))
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "roll",
-        help="move a running ParallelCluster cluster to a new gpuforge revision or image "
-        "(QueueUpdateStrategy, checked with ParallelCluster's own update policies)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--cluster-config", dest="config", required=True, type=existing_file, metavar="FILE")
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--ami", help="give the queues this image (Image.CustomAmi)")
-    what.add_argument("--revision", help="publish this git revision and give it to the queues' gpuforge-node")
-    parser.add_argument("--bucket", help="the revision's bucket (default: the one the actions name now)")
-    parser.add_argument("--prefix", help="the revision's key prefix (gpuforge/revisions/)")
-    parser.add_argument("--repo", type=Path, default=Path.cwd(), help="the gpuforge checkout (.)")
-    parser.add_argument(
-        "--queue", action="append", metavar="Q", help="roll this queue (repeatable; default: every queue)"
-    )
-    parser.add_argument(
-        "--head-node",
-        action="store_true",
-        help="with --revision: the head node's OnNodeUpdated action too (its OnNodeConfigured cannot change)",
-    )
-    parser.add_argument(
-        "--queue-update-strategy",
-        choices=STRATEGIES,
-        default=DEFAULT_STRATEGY,
-        help="DRAIN (default): nodes are replaced as their jobs end; TERMINATE: jobs are killed and requeued",
-    )
-    parser.add_argument(
-        "--deployed-config",
-        type=existing_file,
-        metavar="FILE",
-        help="the config the cluster runs now, to judge against (default: FILE as it was before the roll)",
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="with --ami: as `cluster-config set-ami --force`"
-    )
-    parser.add_argument("--cluster-name", metavar="NAME", help="the cluster, for the printed or run command")
-    parser.add_argument(
-        "--apply", action="store_true", help="run pcluster update-cluster (needs --cluster-name)"
-    )
-    parser.add_argument(
-        "--out", dest="output", type=Path, metavar="FILE", help="write here (default: FILE, after a backup)"
-    )
-    parser.set_defaults(handler=_roll)

@@ -17,7 +17,7 @@ from typing import Any
 from gpuforge.errors import UserError
 from gpuforge.pcluster import config as pcluster_config
 from gpuforge.pcluster import update
-from gpuforge.pcluster.validate import AmiFacts, image_errors, validate
+from gpuforge.pcluster.validate import AmiFacts, image_errors, image_facts, validate
 
 LOG = logging.getLogger(__name__)
 
@@ -36,6 +36,16 @@ class ConfigChange:
 class Patched:
     document: dict[str, Any]  # still a round-trip document when given one
     plan: update.Plan
+
+
+def image_for(ami_id: str, region: str | None, force: bool, target: str) -> AmiFacts | None:
+    """The image checked as one a ParallelCluster config may take (gpuforge.fitness), and its OS and root
+    volume size; `force` turns the fitness findings into warnings."""
+    # Imported here: only the image route reads images from EC2 (boto3).
+    from gpuforge import fitness
+
+    fitness.require(ami_id, region, flavor=None, for_pcluster=True, force=force, target=target)
+    return image_facts(ami_id, region, force)
 
 
 def patch(

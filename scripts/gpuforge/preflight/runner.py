@@ -8,10 +8,15 @@ are named "check[queue]" when the cluster has more than one queue.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from itertools import groupby
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gpuforge import aws
+from gpuforge.errors import ExternalError, UserError
 from gpuforge.preflight import network, placement, quotas
 from gpuforge.preflight.cluster import CLUSTER_TAG, QUEUE_TAG, Instance, instances
 from gpuforge.preflight.result import CheckResult, failed, passed
@@ -61,3 +66,38 @@ def run(
     results.append(network.check_security_group(ec2, compute))
     results.extend(quotas.run(ec2, service_quotas, compute, spare_nodes))
     return results
+
+
+_REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+# ParallelCluster cluster names: a letter, then letters, digits and hyphens, at most 60 characters.
+_CLUSTER_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,59}$")
+
+
+def check_request(cluster_name: str, region: str | None, spare_nodes: int) -> None:
+    """Refuse a cluster name, region or headroom that cannot be right, before any AWS call."""
+    if not _CLUSTER_RE.match(cluster_name):
+        raise UserError(
+            f"--cluster-name {cluster_name!r} is not a ParallelCluster name "
+            "(a letter, then letters, digits or hyphens, 60 characters at most)"
+        )
+    if region is not None and not _REGION_RE.match(region):
+        raise UserError(f"--region {region!r} is not an AWS Region name such as us-east-1")
+    if spare_nodes < 0:
+        raise UserError("--spare-nodes must be 0 or more")
+
+
+def run_in(
+    region: str, cluster_name: str, placement_group: str | None, spare_nodes: int, queue: str | None
+) -> list[CheckResult]:
+    """run() with the region's clients; an AWS call that fails is an ExternalError naming the region."""
+    try:
+        return run(
+            aws.client("ec2", region),
+            aws.client("service-quotas", region),
+            cluster_name,
+            placement_group=placement_group,
+            spare_nodes=spare_nodes,
+            queue=queue,
+        )
+    except (BotoCoreError, ClientError) as exc:
+        raise ExternalError(f"AWS call failed during preflight in {region}: {exc}") from exc
