@@ -51,7 +51,7 @@ def dcgm_exporter_pairing(host_dcgm: Any, pins: Any, method: Any) -> dict[str, A
             f"dcgm_exporter_pairing: method {method!r} is not one of {', '.join(METHODS)}"
         )
     exporter = str(pins.get("version", ""))
-    paired_text, _, exporter_release = exporter.partition("-")
+    paired_text, _dash, exporter_release = exporter.partition("-")
     if not exporter_release:
         raise AnsibleFilterError(
             f"dcgm_exporter_pairing: dcgm_exporter version {exporter!r} is not <dcgm>-<exporter> "

@@ -9,17 +9,9 @@ docs/performance.md has the figures (bench/inventory.py).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Mapping
-from typing import Any
-
-from ansible.errors import AnsibleParserError
-from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable
-from ansible.utils.unsafe_proxy import wrap_var
-
 DOCUMENTATION = r"""
 name: ec2_fleet
-author: gpuforge
+author: gpuforge (@gpuforge)
 short_description: Running ParallelCluster fleets on EC2, grouped for the gpuforge roles
 description:
   - Lists the running EC2 instances that carry the ParallelCluster tag C(parallelcluster:cluster-name),
@@ -116,6 +108,14 @@ cache_prefix: ec2_fleet
 # retry_mode: standard
 # max_attempts: 5
 """
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable
+from ansible.utils.unsafe_proxy import wrap_var
 
 CLUSTER_TAG = "parallelcluster:cluster-name"
 # ParallelCluster's tags (the same keys inventory/aws_ec2.yml reads) -> the record's fields.
@@ -319,7 +319,7 @@ class InventoryModule(BaseInventoryPlugin, Cacheable):  # type: ignore[misc]
             # identifiers, so they go straight into the host's vars (Host.set_variable would only
             # validate them and InventoryData.set_variable also formats a debug line per call).
             host.vars.update({var: wrap_var(value) for var, value in host_vars(rec).items()})
-            signature = (*(rec.get(field) for _, field in KEYED), bool(rec.get("lab")))
+            signature = (*(rec.get(field) for _prefix, field in KEYED), bool(rec.get("lab")))
             groups = groups_of.get(signature)
             if groups is None:
                 groups = groups_of[signature] = [self._group(raw) for raw in group_names(rec)]

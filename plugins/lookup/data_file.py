@@ -9,15 +9,9 @@ and an installed collection reads its own copy. The Python CLI reads the same fi
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from ansible.errors import AnsibleLookupError
-from ansible.plugins.lookup import LookupBase
-
 DOCUMENTATION = r"""
 name: data_file
-author: gpuforge
+author: gpuforge (@gpuforge)
 short_description: Path of one of the gpuforge collection's shared data files
 description:
   - Returns the absolute path of a data file shipped at the root of the gpuforge.gpu collection,
@@ -46,6 +40,12 @@ _raw:
   type: list
   elements: path
 """
+
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
 
 # The collection root: plugins/lookup/data_file.py -> plugins/lookup -> plugins -> root.
 _ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,6 @@ the standard environment (AWS_PROFILE or keys, AWS_REGION, AWS_ENDPOINT_URL for 
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible.errors import AnsibleLookupError
-from ansible.plugins.lookup import LookupBase
-
 DOCUMENTATION = r"""
 name: slurm_ssm_secret
 short_description: Read one SSM SecureString without displaying its value
@@ -32,6 +27,11 @@ _raw:
   type: list
   elements: str
 """
+
+from typing import Any
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
 
 # Throttling is retried (adaptive), as everywhere else in gpuforge (gpuforge.aws.RETRY_CONFIG).
 _RETRIES = {"mode": "adaptive", "max_attempts": 10}
