@@ -81,5 +81,12 @@ def test_the_image_carries_slurm_and_a_golden_node_only_configures_it() -> None:
     for name, task in main.items():
         if "configure" in task.get("tags", []):
             assert "not _slurm_install_phase | default(false) | bool" in task["when"], name
+    # The role reads its own argument, not a fact bake.yml set: site.yml says where the install phase ran.
     here = yaml.safe_load((REPO / "roles/slurm/vars/main.yml").read_text())["_slurm_install_here"]
-    assert "gpuforge_fast_path is not defined" in here
+    assert "not slurm_install_phase_ran | bool" in here and "gpuforge_fast_path" not in here
+    assert (
+        yaml.safe_load((REPO / "roles/slurm/defaults/main.yml").read_text())["slurm_install_phase_ran"]
+        is False
+    )
+    (_, fleet) = yaml.safe_load((REPO / "site.yml").read_text())
+    assert fleet["vars"] == {"slurm_install_phase_ran": "{{ gpuforge_fast_path is defined }}"}
