@@ -117,9 +117,9 @@ def _standin_plugins(tmp_path_factory: pytest.TempPathFactory, *releases: str) -
 
 
 def _with_decision(case: str, value: dict[str, str]) -> dict[str, Any]:
-    """record(), with _decision: the aws_ofi_nccl entry of gpuforge_reality ({} when none)."""
+    """record(), with _decision: the aws_ofi_nccl entry of the node record ({} when none)."""
     task = record(case, value)
-    task["vars"]["_decision"] = "{{ (gpuforge_reality | default({})).get('aws_ofi_nccl', {}) }}"
+    task["vars"]["_decision"] = "{{ (ansible_facts.gpuforge_reality | default({})).get('aws_ofi_nccl', {}) }}"
     return task
 
 
@@ -167,9 +167,11 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     # The version policy's record, as the manifest's "installed" takes it ('' when none).
                     "decision": "{{ _decision.action ~ ' ' ~ _decision.version ~ ' ' ~ _decision.source"
                     " if _decision else '' }}",
-                    # The release in use, in the record and in the range the nccl role reads.
+                    # The release in use, in the record file and as the nccl role takes it from the node
+                    # record (roles/nccl/tasks/plugin_range.yml: its decision, else the pin).
                     "in_use": "{{ _aws_ofi_nccl_outcome.version | trim }}",
-                    "range_of": "{{ gpuforge_ofi_nccl_range.plugin }}",
+                    "range_of": "{{ gpuforge_versions.aws_ofi_nccl.version"
+                    " | gpuforge.gpu.ofi_nccl_release_in_use(decision=_decision) }}",
                 },
             ),
         ]

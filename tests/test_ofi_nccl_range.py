@@ -123,7 +123,8 @@ def test_the_filter_describes_each_case(case: str) -> None:
 
 
 # Which plugin release the nccl role checks NCCL against (roles/nccl/tasks/plugin_range.yml as shipped):
-# case -> (nccl_plugin_version, what the aws_ofi_nccl role decided earlier in the play, its record, expected)
+# case -> (nccl_plugin_version, what the aws_ofi_nccl role decided in this run (the node record), its record
+# file, expected)
 PIN = "1.21.1"
 IN_USE_CASES: dict[str, tuple[str, str, dict[str, str] | None, str]] = {
     "adopted-this-play": ("", "1.22.0", {"source": "bundled", "version": "1.21.0"}, "1.22.0"),
@@ -142,10 +143,23 @@ def _in_use_cases(root: Path) -> dict[str, list[dict[str, Any]]]:
         record_file.parent.mkdir()
         if recorded is not None:
             record_file.write_text(json.dumps(recorded))
-        earlier = {"plugin": this_play} if this_play else {}
         cases[case] = [
-            # Each case starts from its own play state: what an aws_ofi_nccl role run left, or nothing.
-            {"ansible.builtin.set_fact": {"gpuforge_ofi_nccl_range": earlier}},
+            # Each case starts from its own node record: what an aws_ofi_nccl role run decided, or nothing.
+            {"gpuforge.gpu.component": {"begin": True}},
+            *(
+                [
+                    {
+                        "gpuforge.gpu.component": {
+                            "component": "aws_ofi_nccl",
+                            "installed": this_play,
+                            "pin": PIN,
+                            "floor": "1.0.0",
+                        }
+                    }
+                ]
+                if this_play
+                else []
+            ),
             {
                 "ansible.builtin.include_tasks": str(REPO / "roles/nccl/tasks/plugin_range.yml"),
                 "vars": {
@@ -154,7 +168,7 @@ def _in_use_cases(root: Path) -> dict[str, list[dict[str, Any]]]:
                     "_nccl_installed": "2.30.7",
                 },
             },
-            record(f"in_use:{case}", "{{ gpuforge_ofi_nccl_range.plugin }}"),
+            record(f"in_use:{case}", "{{ _nccl_ofi_range.plugin }}"),
         ]
     return cases
 
@@ -184,16 +198,31 @@ PAIR_CASES: dict[str, tuple[str, str, str]] = {
 }
 
 
+# action -> the arguments that make the version policy decide it, leaving `version` in place.
+PAIR_DECISIONS: dict[str, Any] = {
+    "install": lambda version: {"installed": "", "pin": version, "floor": "2.0.0"},
+    "downgrade": lambda version: {
+        "installed": "9.0.0",
+        "pin": version,
+        "floor": "2.0.0",
+        "compatible": False,
+    },
+    "adopt": lambda version: {"installed": version, "pin": "9.0.0", "floor": "2.0.0"},
+    "keep": lambda version: {"installed": version, "pin": version, "floor": "2.0.0"},
+}
+
+
 def _pair_cases() -> dict[str, list[dict[str, Any]]]:
     cases: dict[str, list[dict[str, Any]]] = {}
     for case, (plugin, action, version) in PAIR_CASES.items():
         cases[case] = [
+            # The nccl role's decision, through the node record's writer (PAIR_DECISIONS), and the range it
+            # looked up for the plugin in use.
             {
-                "ansible.builtin.set_fact": {
-                    "gpuforge_ofi_nccl_range": {"plugin": plugin},
-                    "gpuforge_reality": {"nccl": {"action": action, "version": version}},
-                }
+                "gpuforge.gpu.component": {"component": "nccl", **PAIR_DECISIONS[action](version)},
+                "vars": {"gpuforge_common_allow_downgrade": action == "downgrade"},
             },
+            {"ansible.builtin.set_fact": {"_nccl_ofi_range": {"plugin": plugin}}},
             {"ansible.builtin.include_tasks": str(REPO / "roles/nccl/tasks/pair_check.yml")},
             record(f"pairs:{case}", "passed"),
         ]
@@ -209,7 +238,7 @@ def pairs(plays: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def plays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """The two tables' cases in one play (one ansible-playbook run instead of two).
 
-    Each case sets the play state it reads (gpuforge_ofi_nccl_range, gpuforge_reality) first, and the
+    Each case sets the play state it reads (the node record, the range) first, and the
     in-use cases, the only ones that read the pin (gpuforge_versions) or register anything, run last,
     as they did in a play of their own.
     """
@@ -276,30 +305,25 @@ def test_a_damaged_table_is_refused_with_what_to_fix(case: str) -> None:
 
 
 # Which release is in use (ofi_nccl.release_in_use), directly and through the filter:
-# case -> (chosen, this play's, the policy's decision, the earlier run's record, expected)
-RELEASE_CASES: dict[str, tuple[str, str, Any, Any, str]] = {
-    "chosen-wins": ("1.19.2", "1.22.0", {"action": "adopt", "version": "1.22.0"}, None, "1.19.2"),
-    "this-play": ("", "1.22.0", {"action": "adopt", "version": "1.21.0"}, None, "1.22.0"),
-    "adopted-bundle": ("", "", {"action": "adopt", "version": "1.22.0"}, {"version": "1.20.0"}, "1.22.0"),
-    "built-pin": ("", "", {"action": "install", "version": PIN}, None, PIN),
-    "refused-names-none": ("", "", {"action": "refuse", "version": ""}, None, PIN),
-    "recorded-earlier-run": ("", "", None, {"source": "bundled", "version": "1.21.0"}, "1.21.0"),
-    "recorded-skip-is-the-pin": ("", "", None, {"source": "skipped", "version": "1.20.0"}, PIN),
-    "empty-values-from-a-play": ("", "", "", "", PIN),
+# case -> (chosen, the node record's decision of this run, the earlier run's record file, expected)
+RELEASE_CASES: dict[str, tuple[str, Any, Any, str]] = {
+    "chosen-wins": ("1.19.2", {"action": "adopt", "version": "1.22.0"}, None, "1.19.2"),
+    "adopted-bundle": ("", {"action": "adopt", "version": "1.22.0"}, {"version": "1.20.0"}, "1.22.0"),
+    "built-pin": ("", {"action": "install", "version": PIN}, None, PIN),
+    "refused-names-none": ("", {"action": "refuse", "version": ""}, None, PIN),
+    "recorded-earlier-run": ("", None, {"source": "bundled", "version": "1.21.0"}, "1.21.0"),
+    "recorded-skip-is-the-pin": ("", None, {"source": "skipped", "version": "1.20.0"}, PIN),
+    "empty-values-from-a-play": ("", "", "", PIN),
 }
 
 
 @pytest.mark.parametrize("case", list(RELEASE_CASES))
 def test_release_in_use(case: str) -> None:
-    chosen, this_play, decision, recorded, expected = RELEASE_CASES[case]
-    got = FILTERS["ofi_nccl_release_in_use"](
-        PIN, chosen=chosen, this_play=this_play, decision=decision, record=recorded
-    )
+    chosen, decision, recorded, expected = RELEASE_CASES[case]
+    got = FILTERS["ofi_nccl_release_in_use"](PIN, chosen=chosen, decision=decision, record=recorded)
     assert got == expected
     if decision != "" and recorded != "":
-        direct = ofi_nccl.release_in_use(
-            PIN, chosen=chosen, this_play=this_play, decision=decision, record=recorded
-        )
+        direct = ofi_nccl.release_in_use(PIN, chosen=chosen, decision=decision, record=recorded)
         assert direct == expected
 
 

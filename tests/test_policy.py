@@ -1,7 +1,8 @@
 """The version policy, decided once (plugins/plugin_utils/policy.py): the module the CLI imports
-(ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy) and the roles' filter
-gpuforge.gpu.version_decision (plugins/filter/version_policy.py) over the same cases: adopt, keep,
-install, refuse to downgrade, and the one opt-in.
+(ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy) and the roles' action
+gpuforge.gpu.component (plugins/action/component.py over plugins/plugin_utils/node_record.py), the one
+writer of the node record, over the same cases: adopt, keep, install, refuse to downgrade, and the one
+opt-in.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuforge.gpu.plugins.plugin_utils import policy
+from ansible_collections.gpuforge.gpu.plugins.plugin_utils import node_record, policy
 
 import sourcefile
 from localplay import record, run_cases
@@ -166,100 +167,204 @@ def test_roles_take_the_upstream_release_through_the_filter(path: str) -> None:
     assert not re.search(r"\.version \| default\(''\)\s*\|\s*regex_replace", text)
 
 
+def _component_calls() -> dict[str, dict[str, Any]]:
+    """Every role task that calls gpuforge.gpu.component, by file and component, with its arguments."""
+    calls: dict[str, dict[str, Any]] = {}
+    for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
+        for task in yaml.safe_load(path.read_text()) or []:
+            args = task.get("gpuforge.gpu.component")
+            if isinstance(args, dict) and "component" in args:
+                calls[f"{path.relative_to(REPO)}:{args['component']}"] = args
+    return calls
+
+
 def test_the_wheel_decision_passes_the_compatibility_the_apt_one_passes() -> None:
     """Both NCCL install methods judge the installed NCCL against the aws-ofi-nccl in use."""
-    calls = dict(_policy_calls())
-    apt, wheel = calls["roles/nccl/tasks/install_apt.yml"], calls["roles/nccl/tasks/install_wheel.yml"]
-    for argument in (
-        "compatible=gpuforge_ofi_nccl_range.outside | length == 0",
-        "incompatible_reason=gpuforge_ofi_nccl_range.outside",
-    ):
-        assert argument in apt and argument in wheel
+    calls = _component_calls()
+    apt, wheel = (
+        calls["roles/nccl/tasks/install_apt.yml:nccl"],
+        calls["roles/nccl/tasks/install_wheel.yml:nccl"],
+    )
+    for argument in ("compatible", "incompatible_reason"):
+        assert "_nccl_ofi_range.outside" in apt[argument] and apt[argument] == wheel[argument]
     for path in ("roles/nccl/tasks/install_apt.yml", "roles/nccl/tasks/install_wheel.yml"):
         imported = [t.get("ansible.builtin.import_tasks") for t in yaml.safe_load((REPO / path).read_text())]
         assert imported.index("plugin_range.yml") < imported.index("pair_check.yml"), path
 
 
-def _filter(case: str, reality: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The case through the roles' filter, with its values as a role passes them (templated strings)."""
+def _record(case: str, current: dict[str, Any] | None = None) -> node_record.Recorded:
+    """The case through the node record's writer, as gpuforge.gpu.component calls it."""
     installed, pin, floor, compatible, allow, previous, _ = CASES[case]
-    result: dict[str, Any] = version_policy.version_decision(
-        reality or {},
+    return node_record.record(
+        current or {},
         "component",
-        installed,
-        pin,
-        floor,
-        compatible=str(compatible),
+        installed=installed,
+        pin=pin,
+        floor=floor,
+        compatible=compatible,
         incompatible_reason="" if compatible else "outside the tested range",
-        allow_downgrade=str(allow),
+        allow_downgrade=allow,
         previous_manifest={"installed": {"component": {"version": installed, "source": previous}}}
         if previous
         else {},
     )
-    return result
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_role_filter_records_the_decision(case: str) -> None:
-    """The roles' filter records the policy's decision field by field; a refusal fails with its message."""
+def test_the_record_holds_the_policys_decision(case: str) -> None:
+    """The node record's entry is the policy's decision field by field; a refusal records nothing and
+    says the policy's message."""
     expected = _python(case)
+    got = _record(case)
     if expected.action == "refuse":
-        with pytest.raises(AnsibleFilterError) as refused:
-            _filter(case)
-        assert str(refused.value) == expected.message
+        assert got.refused and got.message == expected.message and got.record == {}
         return
-    assert _filter(case) == {"component": expected.record()}
+    assert got.record == {"component": expected.record()}
+    assert got.outcome == ("installed" if expected.action in ("keep", "adopt") else "install")
+    assert got.message == node_record.line("component", expected.record())
 
 
-def test_role_filter_keeps_the_other_components_records() -> None:
+def test_the_record_keeps_the_other_components_entries() -> None:
     earlier = {"nccl": {"action": "adopt", "version": "2.27.7"}, "component": {"action": "install"}}
-    got = _filter("same-as-pin", earlier)
-    assert got == {"nccl": earlier["nccl"], "component": _python("same-as-pin").record()}
+    got = _record("same-as-pin", earlier)
+    assert got.record == {"nccl": earlier["nccl"], "component": _python("same-as-pin").record()}
     assert earlier["component"] == {"action": "install"}  # the input is not changed in place
 
 
-@pytest.mark.parametrize(
-    ("installed", "expected"), [(None, "install"), (" 2.0.1\n", "keep"), ("1:3.0.0", "adopt")]
-)
-def test_role_filter_takes_probe_output_as_the_roles_give_it(installed: Any, expected: str) -> None:
-    got = version_policy.version_decision({}, "c", installed, "2.0.1", "1.0.0")
-    assert got["c"]["action"] == expected
+@pytest.mark.parametrize(("pin", "floor"), [("", "1.0.0"), ("2.0.1", " ")])
+def test_the_record_refuses_a_missing_pin_or_floor(pin: str, floor: str) -> None:
+    with pytest.raises(ValueError, match="the pin and the floor are required"):
+        node_record.record({}, "c", installed="1.0.0", pin=pin, floor=floor)
 
 
-@pytest.mark.parametrize(("pin", "floor"), [("", "1.0.0"), ("2.0.1", None)])
-def test_role_filter_refuses_a_missing_pin_or_floor(pin: str, floor: Any) -> None:
-    with pytest.raises(AnsibleFilterError, match="the pin and the floor are required"):
-        version_policy.version_decision({}, "c", "1.0.0", pin, floor)
+# What gpuforge itself already put in place (`ours`) and whether the role can install the pin
+# (`installable`): case -> (installed, ours, installable, "<outcome> <action> <installed> <source>", or
+# "none" when nothing is recorded). Pin 2.0.1, floor 2.0.0.
+OURS_CASES: dict[str, tuple[str, str, bool, str]] = {
+    # aws_ofi_nccl's earlier build of the pin beside an older bundle: kept, as gpuforge's (the role
+    # forged a previous manifest to get this answer).
+    "own-build-beside-an-older-bundle": ("1.9.1", "2.0.1", True, "ours keep 2.0.1 gpuforge"),
+    "own-build-nothing-else": ("", "2.0.1", False, "ours keep 2.0.1 gpuforge"),
+    # A bundle at or above the floor wins over an own build: the policy never replaces it.
+    "adopted-bundle-wins": ("2.1.0", "2.0.1", True, "installed adopt 2.1.0 base_image"),
+    # An own build of another release is no stand-in for the pin.
+    "own-build-of-another-release": ("", "1.9.9", True, "install install '' gpuforge"),
+    "nothing-installable": ("1.9.1", "", False, "none"),
+    "fresh-install": ("", "", True, "install install '' gpuforge"),
+}
 
 
-def _policy_calls() -> list[tuple[str, str]]:
-    """Every role task that records a version decision, with its template."""
-    calls = []
-    for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
-        for task in yaml.safe_load(path.read_text()) or []:
-            fact = (task.get("ansible.builtin.set_fact") or {}).get("gpuforge_reality", "")
-            if "gpuforge.gpu.version_decision" in fact:
-                calls.append((str(path.relative_to(REPO)), fact))
-    return calls
+@pytest.mark.parametrize("case", list(OURS_CASES))
+def test_what_gpuforge_put_in_place_and_what_it_can_install(case: str) -> None:
+    installed, ours, installable, expected = OURS_CASES[case]
+    earlier = {"component": {"action": "install", "version": "2.0.1"}, "other": {"action": "keep"}}
+    got = node_record.record(
+        earlier,
+        "component",
+        installed=installed,
+        pin="2.0.1",
+        floor="2.0.0",
+        ours=ours,
+        installable=installable,
+    )
+    if expected == "none":
+        assert (got.outcome, got.record, got.entry) == ("none", {"other": {"action": "keep"}}, {})
+        assert "cannot install it: nothing recorded" in got.message
+        return
+    entry = got.record["component"]
+    assert f"{got.outcome} {entry['action']} {entry['installed'] or repr('')} {entry['source']}" == expected
+    assert entry["version"] == (installed if got.outcome == "installed" else "2.0.1")
 
 
-def test_every_stack_role_decides_through_the_filter_with_the_opt_in() -> None:
-    """The roles that used the Jinja copy now call the filter, each passing the opt-in and the manifest."""
-    calls = _policy_calls()
-    components = {c for _, fact in calls for c in re.findall(r"version_decision\('([a-z_]+)'", fact)}
+def test_details_go_into_the_entry_and_kept_details_only_when_the_installed_release_stays() -> None:
+    kept = node_record.record(
+        {},
+        "c",
+        installed="2.0.1",
+        pin="2.0.1",
+        floor="1.0",
+        details={"digest": "d"},
+        kept_details={"dir": "/x"},
+    )
+    installing = node_record.record(
+        {},
+        "c",
+        installed="0.9",
+        pin="2.0.1",
+        floor="1.0",
+        details={"reason": "why"},
+        kept_details={"dir": "/x"},
+    )
+    assert (kept.entry["digest"], kept.entry["dir"]) == ("d", "/x")
+    assert installing.entry["reason"] == "why" and "dir" not in installing.entry
+
+
+def test_every_stack_role_decides_through_the_action() -> None:
+    """Each stack component is decided by gpuforge.gpu.component, and no role writes the node record
+    itself (the action reads the opt-in and the previous manifest from the play: no role passes them)."""
+    components = {name.split(":")[1] for name in _component_calls()}
     assert components == {
         "aws_ofi_nccl",
         "efa_installer",
         "dcgm",
+        "dcgm_exporter",
         "nvidia_container_toolkit",
         "nccl",
         "nccl_tests",
         "nvidia_driver",
     }
-    for path, fact in calls:
-        assert f"allow_downgrade={policy.ALLOW_DOWNGRADE_VARIABLE}" in fact, path
-        assert "previous_manifest=gpuforge_previous_manifest" in fact, path
-    assert not (REPO / "roles/gpuforge_common/tasks/policy.yml").exists()
+    writers = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "roles").rglob("*.yml"))
+        if re.search(r"^\s+gpuforge_reality:", path.read_text(), re.MULTILINE)
+    ]
+    assert writers == []
+    assert not (REPO / "plugins/filter/version_decision.yml").exists()
+
+
+# The action in a play (plugins/action/component.py): the record as a fact, started empty, the opt-in
+# and the previous manifest read from the play, the one line printed, a refusal failing the task.
+def test_the_action_records_reads_the_play_and_fails_on_a_refusal(tmp_path: Path) -> None:
+    def call(**args: Any) -> dict[str, Any]:
+        return {"gpuforge.gpu.component": args, "register": "_got"}
+
+    cases = {
+        "kept-as-recorded": [
+            {"gpuforge.gpu.component": {"begin": True}},
+            call(component="c", installed=" 2.0.1\n", pin="2.0.1", floor="1.0.0"),
+            record("kept-as-recorded", "{{ [ansible_facts.gpuforge_reality, _got.msg, _got.outcome] }}"),
+        ],
+        "refused": [
+            call(component="d", installed="3.1.0", pin="2.0.1", floor="1.0.0", compatible=False),
+            record("refused", "not refused"),
+        ],
+        "opted-in": [
+            call(component="d", installed="3.1.0", pin="2.0.1", floor="1.0.0", compatible=False),
+            record(
+                "opted-in", "{{ ansible_facts.gpuforge_reality | dict2items | map(attribute='key') | list }}"
+            ),
+        ],
+        "started-again": [
+            {"gpuforge.gpu.component": {"begin": True}},
+            record("started-again", "{{ ansible_facts.gpuforge_reality }}"),
+        ],
+        "missing-floor": [call(component="e", pin="1.0"), record("missing-floor", "not refused")],
+    }
+    cases["opted-in"][0]["vars"] = {policy.ALLOW_DOWNGRADE_VARIABLE: True}
+    play_vars = {
+        "gpuforge_previous_manifest": {"installed": {"c": {"version": "2.0.1", "source": "gpuforge"}}}
+    }
+    got = run_cases(tmp_path, cases, play_vars)
+    expected = policy.decide("c", "2.0.1", "2.0.1", "1.0.0", previous_source="gpuforge").record()
+    assert got["kept-as-recorded"] == [{"c": expected}, node_record.line("c", expected), "installed"]
+    assert got["refused"] == _refusal_message()
+    assert got["opted-in"] == ["c", "d"]
+    assert got["started-again"] == {}
+    assert "missing parameter(s) required by 'component': floor" in got["missing-floor"]
+
+
+def _refusal_message() -> str:
+    return policy.decide("d", "3.1.0", "2.0.1", "1.0.0", compatible=False, incompatible_reason="").message
 
 
 def test_the_opt_in_is_a_default_of_the_shared_role() -> None:
@@ -299,11 +404,9 @@ def test_no_role_or_playbook_compares_versions_in_jinja() -> None:
 
 
 def test_the_decision_is_reported_in_one_line_per_component() -> None:
-    """What each role prints after deciding (tests/test_twins.py reads it from a real bake)."""
-    reality = version_policy.version_decision({}, "nvidia_container_toolkit", "1.17.0", "1.19.1", "1.17.8")
-    assert version_policy.version_decision_message(reality, "nvidia_container_toolkit") == (
+    """What gpuforge.gpu.component prints (tests/test_twins.py reads it from a real bake)."""
+    got = node_record.record({}, "nvidia_container_toolkit", installed="1.17.0", pin="1.19.1", floor="1.17.8")
+    assert got.message == (
         "nvidia_container_toolkit: install 1.19.1 (gpuforge); "
-        "installed before: 1.17.0, floor 1.17.8, pin 1.19.1; " + reality["nvidia_container_toolkit"]["reason"]
+        "installed before: 1.17.0, floor 1.17.8, pin 1.19.1; " + got.entry["reason"]
     )
-    with pytest.raises(AnsibleFilterError, match="no decision recorded for 'dcgm'"):
-        version_policy.version_decision_message(reality, "dcgm")

@@ -163,7 +163,7 @@ def test_the_installed_collection_documents_every_filter(
     )
     assert result.returncode == 0, result.stderr
     listed: dict[str, str] = json.loads(result.stdout)
-    assert "gpuforge.gpu.version_decision" in listed
+    assert "gpuforge.gpu.version_at_least" in listed
     assert sorted(name for name, text in listed.items() if text == "UNDOCUMENTED") == []
 
 

@@ -28,15 +28,12 @@ def _mapping(value: Any) -> Mapping[str, Any] | None:
     return None if value is None or value == "" else value
 
 
-def ofi_nccl_release_in_use(
-    pin: Any, chosen: Any = "", this_play: Any = "", decision: Any = None, record: Any = None
-) -> str:
+def ofi_nccl_release_in_use(pin: Any, chosen: Any = "", decision: Any = None, record: Any = None) -> str:
     """The aws-ofi-nccl release in use (see ofi_nccl.release_in_use)."""
     try:
         return ofi_nccl.release_in_use(
             str(pin or ""),
             chosen=str(chosen or ""),
-            this_play=str(this_play or ""),
             decision=_mapping(decision),
             record=_mapping(record),
         )

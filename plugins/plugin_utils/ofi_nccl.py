@@ -126,16 +126,14 @@ def release_in_use(
     pin: str,
     *,
     chosen: str = "",
-    this_play: str = "",
     decision: Mapping[str, Any] | None = None,
     record: Mapping[str, Any] | None = None,
 ) -> str:
     """The aws-ofi-nccl release NCCL runs beside: the first of
     - `chosen`: a release the user named (the nccl role's nccl_plugin_version);
-    - `this_play`: the release the aws_ofi_nccl role looked up earlier in this play
-      (gpuforge_ofi_nccl_range.plugin);
-    - `decision`: that role's version-policy record (gpuforge_reality.aws_ofi_nccl): the adopted
-      bundle's release, or the pin it builds; a refusal names none;
+    - `decision`: the aws_ofi_nccl role's entry in the node record of this run
+      (gpuforge_reality.aws_ofi_nccl): the adopted bundle's release, or the pin it builds; a refusal
+      names none;
     - `record`: its record of an earlier run (/etc/gpuforge/aws_ofi_nccl.json), unless that run
       skipped the plugin (then no plugin is in use and the record's version is only the pin it wanted);
     - `pin`: versions.yml's aws_ofi_nccl.version.
@@ -148,7 +146,6 @@ def release_in_use(
     recorded = record or {}
     candidates = (
         chosen,
-        this_play,
         "" if decided.get("action") == "refuse" else decided.get("version"),
         "" if recorded.get("source") == "skipped" else recorded.get("version"),
         pin,

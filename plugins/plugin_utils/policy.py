@@ -1,7 +1,7 @@
 """The version policy: adopt what a host has, install the pin, or refuse to downgrade.
 
-The one implementation: the roles call it through the filter gpuforge.gpu.version_decision
-(plugins/filter/version_policy.py) and the CLI imports it
+The one implementation: the roles call it through the action gpuforge.gpu.component
+(plugins/action/component.py, over node_record.py) and the CLI imports it
 (ansible_collections.gpuforge.gpu.plugins.plugin_utils.policy).
 
 For one component, given the release installed now (or none), the pin from versions.yml and its
@@ -15,7 +15,7 @@ floor:
 - otherwise (pin older than installed)       -> refuse, naming both releases, unless the user
   opted in with gpuforge_common_allow_downgrade (then: downgrade to the pin)
 
-Pure Python (no Ansible import): the filter runs it on the controller, the CLI without Ansible.
+Pure Python (no Ansible import): the action runs it on the controller, the CLI without Ansible.
 """
 
 from __future__ import annotations
