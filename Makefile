@@ -31,7 +31,7 @@ help:
 	@echo "make unit   - set up, then the unit layer alone (no lab, no playbook; about a minute)"
 	@echo "make lint | pytest | molecule | lab-down"
 
-setup: $(STAMPS)/apt $(STAMPS)/venv
+setup: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/sanity-wheels
 
 $(STAMPS)/apt:
 	@mkdir -p $(STAMPS)
@@ -56,6 +56,13 @@ $(STAMPS)/venv: pyproject.toml lab/pyproject.toml requirements/constraints.txt
 	# ./lab is the checkout's test doubles (gpuforge-lab: the lab, the artifact server, bench helpers), a
 	# project of its own so that the gpuforge wheel carries only the product.
 	$(VENV)/bin/pip install -q --no-compile -c requirements/constraints.txt -e '.[dev]' -e ./lab
+	touch $@
+
+# What ansible-test's sanity virtualenvs install (its pinned requirements and the pip it bootstraps),
+# downloaded once into .cache/ansible-test/wheels, so that `make lint` runs ansible-test offline
+# (scripts/ci/sanity.py). Again whenever the venv (and so ansible-core's pins) is rebuilt.
+$(STAMPS)/sanity-wheels: $(STAMPS)/venv
+	$(VENV)/bin/python scripts/ci/sanity.py wheels
 	touch $@
 
 # The Debian tree every lab host boots from (cached under GPUFORGE_CACHE_DIR, built once per
@@ -100,6 +107,9 @@ lint: setup
 	# inventory, and every syntax check walked the whole tree through the collection link.
 	mkdir -p .cache && : > .cache/lint-inventory.ini
 	ANSIBLE_INVENTORY=$(CURDIR)/.cache/lint-inventory.ini ansible-lint
+	# ansible-test sanity, the check Galaxy collections run, on the collection as ansible-galaxy builds it,
+	# offline from the wheels setup downloaded (scripts/ci/sanity.py; README: As an Ansible collection).
+	python scripts/ci/sanity.py run
 	packer fmt -check packer/
 	# GitHub Actions: pinned SHAs, no credential persistence, no expressions in scripts.
 	zizmor --offline --persona=auditor .github/workflows/
