@@ -100,7 +100,7 @@ def version_key(version: str) -> VersionKey:
     Readers of dpkg give the upstream release (upstream_version), so a pin compares like for like.
     """
     bare = _EPOCH.sub("", str(version).strip())
-    upstream, _, revision = bare.rpartition("-") if "-" in bare else (bare, "", "")
+    upstream, _dash, revision = bare.rpartition("-") if "-" in bare else (bare, "", "")
     return (*_half_key(upstream), *_half_key(revision))
 
 
