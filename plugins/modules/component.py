@@ -9,13 +9,13 @@ module: component
 author: gpuforge (@gpuforge)
 short_description: Decide about one component by the version policy and record it in the node record
 description:
-  - The one writer of the node record, the fact C(gpuforge_reality) (docs/architecture.md#reality): one
+  - "The one writer of the node record, the fact C(gpuforge_reality) (docs/architecture.md#reality): one
     entry per component (action, installed, pinned, floor, version, source, reason), which
-    roles/gpuforge_common/tasks/manifest.yml writes to the node's manifest.json.
-  - Adopts an installed release at or above the floor that is compatible, keeps it at the pin, installs the
+    roles/gpuforge_common/tasks/manifest.yml writes to the node's manifest.json."
+  - "Adopts an installed release at or above the floor that is compatible, keeps it at the pin, installs the
     pin otherwise, and fails with a message naming both releases where the pin is older than the installed
     release, unless C(gpuforge_common_allow_downgrade) is true (then the pin is installed: a downgrade).
-    The decision is plugins/plugin_utils/policy.py, which the CLI imports too.
+    The decision is plugins/plugin_utils/policy.py, which the CLI imports too."
   - Reads the previous manifest (C(gpuforge_previous_manifest)) and the downgrade opt-in
     (C(gpuforge_common_allow_downgrade)) from the play, both published by the gpuforge_common role.
   - Prints one line about the decision. Never changes the host.
@@ -72,12 +72,15 @@ options:
     description: Fields added to the entry only when the installed release stays (where it lives).
     type: dict
     default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: all
 notes:
   - An action plugin. It runs on the controller and needs no connection to the host.
