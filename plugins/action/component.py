@@ -54,7 +54,7 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        _, args = self.validate_argument_spec(
+        _validation, args = self.validate_argument_spec(
             argument_spec=ARGUMENT_SPEC,
             mutually_exclusive=[("begin", "component")],
             required_one_of=[("begin", "component")],
