@@ -110,6 +110,8 @@ class SetAmi(Command):
         parser.add_argument("-o", "--output", type=Path, metavar="OUT", help="write here instead of stdout")
 
     def execute(self, args: argparse.Namespace) -> int:
+        # A malformed id is the argument's own mistake: named before the file is read or judged.
+        check_ami_id(args.ami)
         document = load_document(args.config)
         change = config_change(args)
         # The config's own mistakes (a bad id, an unknown queue) first, before any AWS call.
