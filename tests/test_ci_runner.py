@@ -172,6 +172,14 @@ def test_a_failed_phase_is_summed_up_by_its_failing_tests_else_its_last_lines(lo
         "  FAILED tests/test_a.py::test_x - AssertionError: no",
         "  ERROR tests/test_b.py::test_y - TimeoutError",
     ]
+    framed = testrun.Phase("molecule slurm", ["true"], returncode=1)
+    framed.log.write_text(
+        "  \x1b[2m│\x1b[0m SKIPPED [1] tests/test_slurm.py:36: x\n  │ FAILED\n"
+        "  │   tests/test_slurm.py::test_job[ansible://head] - AssertionError\n  │ ===== 1 failed\n"
+    )
+    assert testrun.failure_lines(framed) == [
+        "  FAILED tests/test_slurm.py::test_job[ansible://head] - AssertionError"
+    ]
     other = testrun.Phase("lint", ["true"], returncode=2)
     other.log.write_text("".join(f"line {n}\n" for n in range(40)))
     assert testrun.failure_lines(other, tail=3) == ["  line 37", "  line 38", "  line 39"]

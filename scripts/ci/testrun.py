@@ -47,6 +47,7 @@ LOG_DIR = REPO / ".cache" / "ci"
 # A module that names a lab (tests/labtools.lab_name, which appends GPUFORGE_TEST_LAB_SUFFIX)
 # boots a lab of its own.
 _OWN_LAB = re.compile(r"^\s*[A-Za-z_]\w*\s*=\s*(?:labtools\.)?lab_name\(", re.MULTILINE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # A module that takes the session-wide fixture shares conftest's lab with the others.
 _SHARED_LAB = re.compile(r"\bfleet_lab\s*[:,)]")
 
@@ -177,7 +178,15 @@ def molecule_phases(molecule_dir: Path, molecule: str, record: schedule.Record) 
         if scenario.startswith("_"):
             continue
         name = f"molecule {scenario}"
-        phases.append(Phase(name, [molecule, "test", "-s", scenario], estimate=record.phase_seconds(name)))
+        # Molecule's console wraps at 80 columns, which splits the verifier's FAILED lines.
+        phases.append(
+            Phase(
+                name,
+                [molecule, "test", "-s", scenario],
+                env={"COLUMNS": "250"},
+                estimate=record.phase_seconds(name),
+            )
+        )
     return phases
 
 
@@ -318,8 +327,14 @@ def failure_lines(phase: Phase, tail: int = 15) -> list[str]:
         text = phase.log.read_text(errors="replace").splitlines()
     except OSError:
         return [f"  (no output: {_shown(phase.log)} is missing)"]
-    summary = [line for line in text if line.startswith(("FAILED ", "ERROR "))]
-    return [f"  {line[:300]}" for line in (summary or text[-tail:])]
+    # Molecule frames its steps' output ("  │ FAILED ...") and colours it.
+    clean = [_ANSI.sub("", line).lstrip(" │") for line in text]
+    summary = [
+        f"{line} {after.strip()}" if line in ("FAILED", "ERROR") else line
+        for line, after in zip(clean, [*clean[1:], ""], strict=True)
+        if line.startswith(("FAILED ", "ERROR ")) or line in ("FAILED", "ERROR")
+    ]
+    return [f"  {line[:300]}" for line in (summary or clean[-tail:])]
 
 
 def machine_state() -> str:

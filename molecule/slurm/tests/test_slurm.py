@@ -113,7 +113,12 @@ def test_batch_job_runs_on_both_nodes(head):
     )
     job_id = out.strip().split(";")[0]
     state = head.check_output(f"scontrol show job {job_id} --oneliner")
-    assert re.search(r"JobState=COMPLETED .*ExitCode=0:0", state)
+    # On failure, say why: the job's state and reason, its output, and what the controller logged of it.
+    why = "\n".join(
+        (state, head.run(f"cat /tmp/molecule-{job_id}.out").stdout[-2000:],
+         head.run(f"grep -h 'JobId={job_id}' /var/log/slurm/*.log | tail -n 20").stdout)
+    )  # fmt: skip
+    assert re.search(r"JobState=COMPLETED .*ExitCode=0:0", state), why
     assert "NumNodes=2 " in state
 
 
