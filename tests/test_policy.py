@@ -349,6 +349,14 @@ def test_the_action_records_reads_the_play_and_fails_on_a_refusal(tmp_path: Path
             record("started-again", "{{ ansible_facts.gpuforge_reality }}"),
         ],
         "missing-floor": [call(component="e", pin="1.0"), record("missing-floor", "not refused")],
+        "looped": [
+            {**call(component="{{ item }}", pin="1.0", floor="1.0"), "loop": ["f", "g"]},
+            record("looped", "not refused"),
+        ],
+        "run-once": [
+            {**call(component="h", pin="1.0", floor="1.0"), "run_once": True},
+            record("run-once", "not refused"),
+        ],
     }
     cases["opted-in"][0]["vars"] = {policy.ALLOW_DOWNGRADE_VARIABLE: True}
     play_vars = {
@@ -361,6 +369,9 @@ def test_the_action_records_reads_the_play_and_fails_on_a_refusal(tmp_path: Path
     assert got["opted-in"] == ["c", "d"]
     assert got["started-again"] == {}
     assert "missing parameter(s) required by 'component': floor" in got["missing-floor"]
+    # A loop keeps only its last item's facts, run_once gives one host's to all: refused, not half-recorded.
+    assert got["looped"] == "One or more items failed"  # each item with the message below
+    assert "once per component on the host it decides for" in got["run-once"]
 
 
 def _refusal_message() -> str:

@@ -7,9 +7,10 @@ refusal. It reads the previous manifest and the downgrade opt-in from the play i
 publishes both), so no role passes them. Runs on the controller; documented in
 plugins/modules/component.py.
 
-The record is a fact (no role writes it by set_fact: a set_fact would shadow it for the rest of the
-run). Facts outlive a run in the fact cache (ansible.cfg: jsonfile), so gpuforge_common starts each
-run's record empty (`begin: true`, roles/gpuforge_common/tasks/load_data.yml).
+The record is a fact (ansible_facts.gpuforge_reality, which the roles read; no role writes it by
+set_fact, which would only make a second, top-level gpuforge_reality that no role reads). Facts
+outlive a run in the fact cache (ansible.cfg: jsonfile), so gpuforge_common starts each run's record
+empty (`begin: true`, roles/gpuforge_common/tasks/load_data.yml).
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = super().run(tmp, task_vars)
         task_vars = task_vars or {}
+        # The strategy keeps a looped task's facts from its last item, gives a run_once task's facts to
+        # every host and a delegated task's to the delegate: each would record a wrong node record.
+        if "ansible_loop_var" in task_vars or self._task.run_once or self._task.delegate_to:
+            return {
+                **result,
+                "failed": True,
+                "msg": "gpuforge.gpu.component: call it once per component on the host it decides for "
+                "(no loop, run_once or delegate_to)",
+            }
         _validation, args = self.validate_argument_spec(
             argument_spec=ARGUMENT_SPEC,
             mutually_exclusive=[("begin", "component")],

@@ -19,7 +19,10 @@ description:
   - Reads the previous manifest (C(gpuforge_previous_manifest)) and the downgrade opt-in
     (C(gpuforge_common_allow_downgrade)) from the play, both published by the gpuforge_common role.
   - Prints one line about the decision. Never changes the host.
-  - Never set C(gpuforge_reality) with set_fact. A set_fact hides this fact for the rest of the run.
+  - Roles read the record as C(ansible_facts.gpuforge_reality). Never set C(gpuforge_reality) with set_fact,
+    which makes a second, top-level variable of that name that no role reads.
+  - Call it once per component on the host it decides for. A loop, C(run_once) or C(delegate_to) is
+    refused, since Ansible would keep only the last item's record or give one host's record to others.
 version_added: 1.0.0
 options:
   begin:

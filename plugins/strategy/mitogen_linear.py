@@ -32,8 +32,9 @@ from ansible.plugins.strategy import StrategyBase
 
 try:
     from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule
-except ImportError as exc:
-    _MITOGEN_MISSING: ImportError | None = exc
+except (ImportError, AnsibleError) as exc:
+    # AnsibleError: a mitogen that refuses this ansible-core version (it checks on import).
+    _MITOGEN_MISSING: Exception | None = exc
 else:
     _MITOGEN_MISSING = None
 

@@ -102,7 +102,8 @@ def prepare_home(home: Path = HOME, wheels: Path = WHEELS) -> None:
     missing = missing_wheels(wheels)
     if missing:
         raise SanityError(
-            f"no wheel in {wheels} for {', '.join(missing)}: run `make setup` (it downloads them)"
+            f"no wheel in {wheels} for {', '.join(missing)}: run `python scripts/ci/sanity.py wheels` "
+            "(online: `make setup` runs it once)"
         )
     pip = bootstrap_pip_version()
     wheel = sorted(wheels.glob(f"pip-{pip}-*.whl"))
