@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -107,10 +108,13 @@ def test_every_role_playbook_and_data_file_is_in_the_collection(built: Path) -> 
         "playbooks/drift.yml",
     ):
         assert path in names or (path == "galaxy.yml" and "MANIFEST.json" in names), path
-    # Nothing of the Python CLI, the lab, the tests or the link back to the checkout.
-    assert not {
-        n for n in names if n.split("/")[0] in {"collections", "tests", "scripts", "molecule", "bench", "lab"}
-    }
+    # Nothing of the Python CLI, the lab, the tests or the link back to the checkout; of tests/, only the
+    # ansible-test sanity ignore files, which ansible-test reads from the collection it checks.
+    shipped_tests = {n for n in names if n.split("/")[0] == "tests"}
+    assert shipped_tests <= {"tests", "tests/sanity"} | {
+        n for n in shipped_tests if re.fullmatch(r"tests/sanity/ignore-[\d.]+\.txt", n)
+    }, shipped_tests
+    assert not {n for n in names if n.split("/")[0] in {"collections", "scripts", "molecule", "bench", "lab"}}
 
 
 def _installed_doc(outside: Path, kind: str, name: str) -> dict[str, Any]:
