@@ -164,6 +164,9 @@ def _bake(image: str) -> dict[str, Any]:
             image,
             env={"GPUFORGE_LAB_ARTIFACTS": artifacts},
             without_aws=True,
+            # A hang guard, not a budget: the bake and the image save take 7-11 minutes at CI's load
+            # (4 phases on 2 CPUs), and at load 9 one run needed more than 900 s.
+            timeout=1800,
         )
         status = json.loads(labtools.gpuforge_lab("status", "--name", builder_lab, "--json").stdout)
         # The keys and hashes the image was installed with, for runs on its hosts after this lab is gone.
