@@ -19,10 +19,11 @@ ARCHITECTURE = REPO / "docs" / "architecture.md"
 SKIPPED_DIRS = {".git", ".venv", ".cache"}
 # What cites a file outside the repository: the team's design note (by name, or as "DESIGN: x"),
 # a sibling directory reached through ../shared, an absolute path under /work/.
+# Keyed by a name, not the path itself: the test ids (and the CI record that keys on them) cite nothing.
 OUTSIDE = {
-    "DESIGN.md": re.compile(r"\bDESIGN(?:\.md\b|: )"),
-    "../shared": re.compile(r"(?<![\w.])(?:\.\./)+shared\b"),
-    "/work/": re.compile(r"(?<![\w.~-])/work/"),
+    "design-doc": ("DESIGN.md", re.compile(r"\bDESIGN(?:\.md\b|: )")),
+    "shared-dir": ("../shared", re.compile(r"(?<![\w.])(?:\.\./)+shared\b")),
+    "work-dir": ("/work/", re.compile(r"(?<![\w.~-])/work/")),
 }
 CITATION = re.compile(r"docs/architecture\.md#([A-Za-z0-9_-]+)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
@@ -78,9 +79,7 @@ def anchors(page: Path) -> set[str]:
     return {slug(h) for h in HEADING.findall(text)}
 
 
-# This file names what it looks for, and the CI record (scripts/ci/timings.json) names this file's test ids.
-RECORD = REPO / "scripts" / "ci" / "timings.json"
-PROJECT = [p for p in project_files() if p not in (Path(__file__).resolve(), RECORD)]
+PROJECT = [p for p in project_files() if p != Path(__file__).resolve()]
 TEXTS = {p: t for p in PROJECT if (t := text_of(p)) is not None}
 
 
@@ -98,9 +97,9 @@ def test_nothing_cites_a_file_outside_the_repository(what: str) -> None:
         f"{path.relative_to(REPO)}:{number}: {line.strip()}"
         for path, text in TEXTS.items()
         for number, line in enumerate(text.splitlines(), 1)
-        if OUTSIDE[what].search(line)
+        if OUTSIDE[what][1].search(line)
     ]
-    advice = f"cites {what}, outside the repository; cite docs/architecture.md instead"
+    advice = f"cites {OUTSIDE[what][0]}, outside the repository; cite docs/architecture.md instead"
     assert not found, advice + ":\n" + "\n".join(found)
 
 
