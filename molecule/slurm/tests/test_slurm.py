@@ -106,6 +106,14 @@ def test_sinfo_shows_both_compute_nodes_idle(head):
     assert all(partition == "gpu*" and state == "idle" for _, partition, state in rows)
 
 
+def test_slurmctld_runs_with_the_roles_timers(head):
+    """The controller took slurm.conf's timers (a prolog's health checks may run for minutes)."""
+    config = head.check_output("scontrol show config")
+    assert re.search(r"^BatchStartTimeout\s*=\s*180 sec", config, re.MULTILINE), config
+    assert re.search(r"^MessageTimeout\s*=\s*60 sec", config, re.MULTILINE), config
+    assert re.search(r"^UnkillableStepTimeout\s*=\s*300 sec", config, re.MULTILINE), config
+
+
 def test_batch_job_runs_on_both_nodes(head):
     """A two-node sbatch job (srun env on each node) completes; its output is checked on the compute node."""
     out = head.check_output(
