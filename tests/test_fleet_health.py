@@ -771,6 +771,23 @@ def test_the_first_drain_reason_stays(config: dict[str, Any], tools: Tools, tmp_
     assert "already drained: gpuforge-health prolog: gpu_count" in proc.stderr
 
 
+def test_a_controller_that_does_not_answer_is_reported_not_a_traceback(
+    config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scontrol hanging on a slow slurmctld: the drain says it did not happen, within the script's limit."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\nexec sleep 30\n")
+    scontrol.chmod(0o755)
+    config["tools"]["scontrol"] = str(scontrol)
+    # The script's own limit outlasts scontrol's connect retries and its wait for the answer, each as
+    # long as the MessageTimeout the slurm role writes.
+    timers = yaml.safe_load((REPO / "roles/slurm/vars/main.yml").read_text())["_slurm_timers"]
+    assert 2 * timers["MessageTimeout"] < HEALTH.SCONTROL_TIMEOUT
+    monkeypatch.setattr(HEALTH, "SCONTROL_TIMEOUT", 0.5)
+    said = HEALTH.drain(config, "prolog", [{"check": "gpu_count"}])
+    assert said.endswith("did not answer in 0.5 s: the node was not drained"), said
+
+
 def test_drain_reason_names_causes_and_counts_consequences() -> None:
     """A node without its GPUs and EFA is drained for gpu_count and efa_devices, not 20 check names."""
     failed = [
