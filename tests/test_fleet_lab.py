@@ -218,11 +218,31 @@ def test_a_lab_node_without_the_test_double_fails_and_is_drained(cluster: dict[s
     assert states[node] == "idle"
 
 
+# A job that runs until its node is draining, then a little longer: the drain must find it running
+# however slowly the update reaches the node (fixed sleeps of 20 and 30 s ended first under CI's load).
+_UNTIL_DRAINED = (
+    'for i in $(seq 600); do scontrol show node $(hostname -s) | grep -q "State=.*DRAIN" && break; '
+    "sleep 1; done; sleep 3"
+)
+
+
+def _job_failed(head: str, node: str, job_id: str, finished: dict[str, str]) -> str:
+    """Why a job did not end as it should: its record, its node, and what slurmctld logged of it."""
+    return "\n".join(
+        (
+            repr(finished),
+            on(head, f"scontrol show node {node} --oneliner", check=False),
+            on(head, f"grep -h 'JobId={job_id}' /var/log/slurm/slurmctld.log | tail -n 20", check=False),
+        )
+    )
+
+
 def test_rolling_update_waits_for_the_running_job(cluster: dict[str, Any], tmp_path: Path) -> None:
     """A tuning change rolls through drained nodes; the running job ends untouched; a dead host is named."""
     head, first = cluster["head"], cluster["compute"][0]
     job_id = on(
-        head, f"sbatch --parsable -w {first} -o /tmp/sleep-%j.out --wrap 'echo start; sleep 30; echo done'"
+        head,
+        f"sbatch --parsable -w {first} -o /tmp/sleep-%j.out --wrap 'echo start; {_UNTIL_DRAINED}; echo done'",
     )
     job_id = job_id.strip().split(";")[0]
     on(
@@ -248,17 +268,20 @@ def test_rolling_update_waits_for_the_running_job(cluster: dict[str, Any], tmp_p
     assert "ghost-node: unreachable" in run.stdout, run.stdout[-6000:]
     assert run.stdout.count(": updated'") == 2, run.stdout[-6000:]
     finished = job(head, job_id)
-    assert (finished["JobState"], finished["ExitCode"]) == ("COMPLETED", "0:0")
-    assert on(first, f"cat /tmp/sleep-{job_id}.out").split() == ["start", "done"]
+    why = _job_failed(head, first, job_id, finished)
+    assert (finished["JobState"], finished["ExitCode"]) == ("COMPLETED", "0:0"), why
+    assert on(first, f"cat /tmp/sleep-{job_id}.out").split() == ["start", "done"], why
     # The node was changed only after its job had ended.
     end = datetime.fromisoformat(finished["EndTime"]).timestamp()
-    assert float(on(first, "stat -c %Y /etc/gpuforge/nccl.env")) >= end
-    assert "Reason=gpuforge rolling update" not in on(head, f"scontrol show node {first}")
-    assert "drain" in on(head, "grep -i drain /var/log/slurm/slurmctld.log").lower()
-    for node in cluster["compute"]:
-        assert "NCCL_DEBUG=INFO" in on(node, "cat /etc/nccl.conf /etc/gpuforge/nccl.env")
+    changed = float(on(first, "stat -c %Y /etc/gpuforge/nccl.env"))
+    assert changed >= end, (changed, why)
+    node = on(head, f"scontrol show node {first}")
+    assert "Reason=gpuforge rolling update" not in node, node
+    assert "drain" in on(head, "grep -i drain /var/log/slurm/slurmctld.log").lower(), why
+    for name in cluster["compute"]:
+        assert "NCCL_DEBUG=INFO" in on(name, "cat /etc/nccl.conf /etc/gpuforge/nccl.env"), name
     states = dict(line.split() for line in on(head, "sinfo --noheader --Node --format='%N %T'").splitlines())
-    assert states == {name: "idle" for name in cluster["compute"]}
+    assert states == {name: "idle" for name in cluster["compute"]}, why
 
 
 # A stand-in for the node-side entry point (TEST FIXTURE): it records when it ran. The SSM path is shown
@@ -272,15 +295,9 @@ def test_ssm_apply_waits_for_the_running_job(cluster: dict[str, Any]) -> None:
     (tests/ssmdouble.py, a TEST DOUBLE) one node at a time with MaxErrors 0: each node drains, its
     running job ends untouched, the entry point runs after it, and the node takes jobs again."""
     head, (first, second) = cluster["head"], cluster["compute"]
-    # The job runs until its node is draining, then a little longer: the drain must find it running
-    # however slowly the runner reaches the node (a fixed 20 s sleep ended first under CI's load).
-    until_drained = (
-        'for i in $(seq 600); do scontrol show node $(hostname -s) | grep -q "State=.*DRAIN" && break; '
-        "sleep 1; done; sleep 3"
-    )
     job_id = on(
         head,
-        f"sbatch --parsable -w {first} -o /tmp/ssm-%j.out --wrap 'echo start; {until_drained}; echo done'",
+        f"sbatch --parsable -w {first} -o /tmp/ssm-%j.out --wrap 'echo start; {_UNTIL_DRAINED}; echo done'",
     )
     job_id = job_id.strip().split(";")[0]
     on(
@@ -306,8 +323,9 @@ def test_ssm_apply_waits_for_the_running_job(cluster: dict[str, Any]) -> None:
     assert outcome.status == "Success", [(r.target, r.status, r.output[-2000:]) for r in outcome.results]
     assert outcome.peak == 1
     finished = job(head, job_id)
-    assert (finished["JobState"], finished["ExitCode"]) == ("COMPLETED", "0:0")
-    assert on(first, f"cat /tmp/ssm-{job_id}.out").split() == ["start", "done"]
+    why = _job_failed(head, first, job_id, finished)
+    assert (finished["JobState"], finished["ExitCode"]) == ("COMPLETED", "0:0"), why
+    assert on(first, f"cat /tmp/ssm-{job_id}.out").split() == ["start", "done"], why
     first_result = next(r for r in outcome.results if r.target == first)
     assert f"waiting for jobs {job_id} on {first}" in first_result.output
     # The change came only after the job had ended, and the node is back in service.
