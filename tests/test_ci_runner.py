@@ -165,12 +165,16 @@ def test_a_failed_phase_is_summed_up_by_its_failing_tests_else_its_last_lines(lo
     """CI shows only the run's tail: the failed tests must be named there, not only in the phase's log."""
     pytest_like = testrun.Phase("pytest rest-1", ["true"], returncode=1)
     pytest_like.log.write_text(
-        "tests/test_a.py ..F\n=== short test summary info ===\n"
+        "tests/test_a.py ..F\n___ test_x ___\n>       assert ok, why\nE       AssertionError: no\n"
+        "E         JobState=FAILED Reason=NodeFail\n=== short test summary info ===\n"
         "FAILED tests/test_a.py::test_x - AssertionError: no\nERROR tests/test_b.py::test_y - TimeoutError\n"
     )
     assert testrun.failure_lines(pytest_like) == [
         "  FAILED tests/test_a.py::test_x - AssertionError: no",
         "  ERROR tests/test_b.py::test_y - TimeoutError",
+        # The explanation the summary cuts to its first line.
+        "  E       AssertionError: no",
+        "  E         JobState=FAILED Reason=NodeFail",
     ]
     framed = testrun.Phase("molecule slurm", ["true"], returncode=1)
     framed.log.write_text(

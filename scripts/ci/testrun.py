@@ -320,9 +320,11 @@ def table(phases: Sequence[Phase], wall: float, machine: str, budget: float = BU
     return "\n".join(lines)
 
 
-def failure_lines(phase: Phase, tail: int = 15) -> list[str]:
+def failure_lines(phase: Phase, tail: int = 15, detail: int = 40) -> list[str]:
     """What a failed phase says went wrong, for the run's last lines (CI often shows only the tail):
-    pytest's short summary (FAILED/ERROR per test), else the last lines of the phase's output."""
+    pytest's short summary (FAILED/ERROR per test) and then the first `detail` lines of the failures'
+    explanations (pytest's `E ` lines: the short summary keeps only a message's first line), else the
+    last lines of the phase's output."""
     try:
         text = phase.log.read_text(errors="replace").splitlines()
     except OSError:
@@ -334,7 +336,10 @@ def failure_lines(phase: Phase, tail: int = 15) -> list[str]:
         for line, after in zip(clean, [*clean[1:], ""], strict=True)
         if line.startswith(("FAILED ", "ERROR ")) or line in ("FAILED", "ERROR")
     ]
-    return [f"  {line[:300]}" for line in (summary or clean[-tail:])]
+    if not summary:
+        return [f"  {line[:300]}" for line in clean[-tail:]]
+    explained = [line for line in clean if line.startswith("E ")][:detail]
+    return [f"  {line[:300]}" for line in summary + explained]
 
 
 def machine_state() -> str:
