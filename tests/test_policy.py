@@ -328,6 +328,8 @@ def test_the_action_records_reads_the_play_and_fails_on_a_refusal(tmp_path: Path
     def call(**args: Any) -> dict[str, Any]:
         return {"gpuforge.gpu.component": args, "register": "_got"}
 
+    included = tmp_path / "one-component.yml"
+    included.write_text(yaml.safe_dump([call(component="{{ name }}", pin="1.0", floor="1.0")]))
     cases = {
         "kept-as-recorded": [
             {"gpuforge.gpu.component": {"begin": True}},
@@ -357,6 +359,16 @@ def test_the_action_records_reads_the_play_and_fails_on_a_refusal(tmp_path: Path
             {**call(component="h", pin="1.0", floor="1.0"), "run_once": True},
             record("run-once", "not refused"),
         ],
+        # A role (here: tasks) included in a loop, as playbooks/rolling_update.yml includes its roles:
+        # each item's call is one call on its host, and is recorded.
+        "in-a-looped-include": [
+            {
+                "ansible.builtin.include_tasks": str(included),
+                "loop": ["i", "j"],
+                "loop_control": {"loop_var": "name"},
+            },
+            record("in-a-looped-include", "{{ ansible_facts.gpuforge_reality.keys() | sort }}"),
+        ],
     }
     cases["opted-in"][0]["vars"] = {policy.ALLOW_DOWNGRADE_VARIABLE: True}
     play_vars = {
@@ -372,6 +384,7 @@ def test_the_action_records_reads_the_play_and_fails_on_a_refusal(tmp_path: Path
     # A loop keeps only its last item's facts, run_once gives one host's to all: refused, not half-recorded.
     assert got["looped"] == "One or more items failed"  # each item with the message below
     assert "once per component on the host it decides for" in got["run-once"]
+    assert got["in-a-looped-include"] == ["i", "j"]
 
 
 def _refusal_message() -> str:
