@@ -226,6 +226,14 @@ _UNTIL_DRAINED = (
 )
 
 
+@pytest.fixture
+def no_job_left(cluster: dict[str, Any]) -> Iterator[None]:
+    """A job a failed test leaves running (they run until their node drains) is cancelled, so the next
+    test's drain does not wait on it too."""
+    yield
+    on(cluster["head"], "squeue -h -o %i | xargs -r scancel", check=False)
+
+
 def _job_failed(head: str, node: str, job_id: str, finished: dict[str, str]) -> str:
     """Why a job did not end as it should: its record, its node, and what slurmctld logged of it."""
     return "\n".join(
@@ -237,7 +245,9 @@ def _job_failed(head: str, node: str, job_id: str, finished: dict[str, str]) -> 
     )
 
 
-def test_rolling_update_waits_for_the_running_job(cluster: dict[str, Any], tmp_path: Path) -> None:
+def test_rolling_update_waits_for_the_running_job(
+    cluster: dict[str, Any], tmp_path: Path, no_job_left: None
+) -> None:
     """A tuning change rolls through drained nodes; the running job ends untouched; a dead host is named."""
     head, first = cluster["head"], cluster["compute"][0]
     job_id = on(
@@ -290,7 +300,7 @@ _ENTRY_STANDIN = "/usr/local/sbin/gpuforge-node-ssm-standin"
 _ENTRY_SCRIPT = '#!/bin/sh\ndate +%s.%N > /var/tmp/gpuforge-ssm-applied\necho "applied: $*"\n'
 
 
-def test_ssm_apply_waits_for_the_running_job(cluster: dict[str, Any]) -> None:
+def test_ssm_apply_waits_for_the_running_job(cluster: dict[str, Any], no_job_left: None) -> None:
     """The shipped SSM document's script, run on both compute nodes by the Run Command stand-in
     (tests/ssmdouble.py, a TEST DOUBLE) one node at a time with MaxErrors 0: each node drains, its
     running job ends untouched, the entry point runs after it, and the node takes jobs again."""
