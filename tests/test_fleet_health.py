@@ -774,18 +774,47 @@ def test_the_first_drain_reason_stays(config: dict[str, Any], tools: Tools, tmp_
 def test_a_controller_that_does_not_answer_is_reported_not_a_traceback(
     config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """scontrol hanging on a slow slurmctld: the drain says it did not happen, within the script's limit."""
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text("#!/bin/sh\nexec sleep 30\n")
-    scontrol.chmod(0o755)
-    config["tools"]["scontrol"] = str(scontrol)
-    # The script's own limit outlasts scontrol's connect retries and its wait for the answer, each as
-    # long as the MessageTimeout the slurm role writes.
+    """scontrol hanging on a slow slurmctld: the drain says it did not happen, within one deadline for both
+    calls (a show that answers slowly leaves the update only what is left)."""
+    # The deadline outlasts scontrol's connect retries and its wait for the answer, each as long as the
+    # MessageTimeout the slurm role writes; a prolog's ends before the role's BatchStartTimeout.
     timers = yaml.safe_load((REPO / "roles/slurm/vars/main.yml").read_text())["_slurm_timers"]
     assert 2 * timers["MessageTimeout"] < HEALTH.SCONTROL_TIMEOUT
-    monkeypatch.setattr(HEALTH, "SCONTROL_TIMEOUT", 0.5)
+    assert timers["BatchStartTimeout"] > HEALTH.PROLOG_BUDGET_S
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        '#!/bin/sh\n[ "$1" = show ] && { sleep 0.6; echo State=IDLE; exit 0; }\nexec sleep 30\n'
+    )
+    scontrol.chmod(0o755)
+    config["tools"]["scontrol"] = str(scontrol)
+    monkeypatch.setattr(HEALTH, "SCONTROL_TIMEOUT", 1.0)
+    started = time.monotonic()
+    said = HEALTH.drain(config, "epilog", [{"check": "gpu_count"}])
+    assert time.monotonic() - started < 2.0
+    assert said.startswith("scontrol update NodeName="), said
+    assert said.endswith("did not answer in time: the node was not drained"), said
+    # A prolog whose budget is spent does not wait at all.
+    monkeypatch.setattr(HEALTH, "STARTED", time.monotonic() - HEALTH.PROLOG_BUDGET_S)
     said = HEALTH.drain(config, "prolog", [{"check": "gpu_count"}])
-    assert said.endswith("did not answer in 0.5 s: the node was not drained"), said
+    assert said.startswith("scontrol show node") and said.endswith(
+        "did not answer in time: the node was not drained"
+    )
+
+
+def test_a_show_that_fails_drains_nothing(config: dict[str, Any], tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        f'#!/bin/sh\necho "$1" >> {calls}\n'
+        'echo "slurm_load_node error: Unable to contact slurm controller" >&2\nexit 1\n'
+    )
+    scontrol.chmod(0o755)
+    config["tools"]["scontrol"] = str(scontrol)
+    said = HEALTH.drain(config, "boot", [{"check": "gpu_count"}])
+    assert said.endswith(
+        "failed: slurm_load_node error: Unable to contact slurm controller: the node was not drained"
+    )
+    assert calls.read_text().split() == ["show"]
 
 
 def test_drain_reason_names_causes_and_counts_consequences() -> None:
