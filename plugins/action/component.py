@@ -56,8 +56,9 @@ class ActionModule(ActionBase):
         result: dict[str, Any] = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         # The strategy keeps a looped task's facts from its last item, gives a run_once task's facts to
-        # every host and a delegated task's to the delegate: each would record a wrong node record. The
-        # task's own loop only: a role included in a loop (rolling_update.yml) runs this once per host.
+        # every host and a delegated task's to the delegate (delegate_facts): each would record a wrong
+        # record. The task's own loop only: a role included in a loop (rolling_update.yml) runs this once
+        # per host.
         if (
             self._task.loop is not None
             or self._task.loop_with
