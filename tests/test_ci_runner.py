@@ -184,6 +184,14 @@ def test_a_failed_phase_is_summed_up_by_its_failing_tests_else_its_last_lines(lo
     assert testrun.failure_lines(framed) == [
         "  FAILED tests/test_slurm.py::test_job[ansible://head] - AssertionError"
     ]
+    # A long explanation (a playbook's output quoted in the message): its start and its end, per test.
+    quoted = [f"E         line {n}" for n in range(30)]
+    assert testrun.explanations(["___ test_a ___", *quoted, "___ test_b ___", "E   short"]) == [
+        *quoted[:5],
+        "E   ... 10 lines ...",
+        *quoted[-15:],
+        "E   short",
+    ]
     other = testrun.Phase("lint", ["true"], returncode=2)
     other.log.write_text("".join(f"line {n}\n" for n in range(40)))
     assert testrun.failure_lines(other, tail=3) == ["  line 37", "  line 38", "  line 39"]

@@ -320,9 +320,9 @@ def table(phases: Sequence[Phase], wall: float, machine: str, budget: float = BU
     return "\n".join(lines)
 
 
-def failure_lines(phase: Phase, tail: int = 15, detail: int = 40) -> list[str]:
+def failure_lines(phase: Phase, tail: int = 15, detail: int = 60) -> list[str]:
     """What a failed phase says went wrong, for the run's last lines (CI often shows only the tail):
-    pytest's short summary (FAILED/ERROR per test) and then the first `detail` lines of the failures'
+    pytest's short summary (FAILED/ERROR per test) and then up to `detail` lines of the failures'
     explanations (pytest's `E ` lines: the short summary keeps only a message's first line), else the
     last lines of the phase's output."""
     try:
@@ -338,8 +338,27 @@ def failure_lines(phase: Phase, tail: int = 15, detail: int = 40) -> list[str]:
     ]
     if not summary:
         return [f"  {line[:300]}" for line in clean[-tail:]]
-    explained = [line for line in clean if line.startswith("E ")][:detail]
-    return [f"  {line[:300]}" for line in summary + explained]
+    return [f"  {line[:300]}" for line in summary + explanations(clean)[:detail]]
+
+
+def explanations(lines: list[str], head: int = 5, tail: int = 15) -> list[str]:
+    """Each failed test's `E ` lines: all of a short one, else its first and last lines (a message that
+    quotes a playbook's output has the error at its end, one that explains a state at its start)."""
+    found: list[str] = []
+    section: list[str] = []
+    for line in [*lines, "_____ end _____"]:
+        if re.fullmatch(r"_{3,} .+ _{3,}", line):
+            if len(section) > head + tail:
+                section = [
+                    *section[:head],
+                    f"E   ... {len(section) - head - tail} lines ...",
+                    *section[-tail:],
+                ]
+            found += section
+            section = []
+        elif line.startswith("E "):
+            section.append(line)
+    return found
 
 
 def machine_state() -> str:
