@@ -120,7 +120,12 @@ def test_batch_job_runs_on_both_nodes(head):
         "cd /tmp && sbatch --parsable --wait -N2 -o /tmp/molecule-%j.out --wrap 'srun env'"
     )
     job_id = out.strip().split(";")[0]
-    state = head.check_output(f"scontrol show job {job_id} --oneliner")
+    # sbatch --wait returns when the job's steps end; the job stays COMPLETING while the nodes' epilogs
+    # (the health checks) run, which under load takes seconds: its final state is read after that.
+    state = head.check_output(
+        f"for i in $(seq 300); do s=$(scontrol show job {job_id} --oneliner); "
+        'case "$s" in *JobState=COMPLETING*) sleep 1 ;; *) break ;; esac; done; echo "$s"'
+    )
     # On failure, say why: the job's state and reason, its output, and what the controller logged of it.
     why = "\n".join(
         (state, head.run(f"cat /tmp/molecule-{job_id}.out").stdout[-2000:],
