@@ -53,7 +53,13 @@ def playbook(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 
 def job(head: str, job_id: str) -> dict[str, str]:
-    text = on(head, f"scontrol show job {job_id} --oneliner")
+    """The job's record once its nodes' epilogs have run: sbatch --wait returns while the job is still
+    COMPLETING (the health checks, which take seconds under load)."""
+    text = on(
+        head,
+        f"for i in $(seq 300); do s=$(scontrol show job {job_id} --oneliner); "
+        'case "$s" in *JobState=COMPLETING*) sleep 1 ;; *) break ;; esac; done; echo "$s"',
+    )
     return dict(re.findall(r"(\w+)=(\S+)", text))
 
 
