@@ -355,6 +355,10 @@ def test_the_action_records_reads_the_play_and_fails_on_a_refusal(tmp_path: Path
             {**call(component="{{ item }}", pin="1.0", floor="1.0"), "loop": ["f", "g"]},
             record("looped", "not refused"),
         ],
+        "looped-with": [
+            {**call(component="{{ item }}", pin="1.0", floor="1.0"), "with_items": ["f", "g"]},
+            record("looped-with", "not refused"),
+        ],
         "run-once": [
             {**call(component="h", pin="1.0", floor="1.0"), "run_once": True},
             record("run-once", "not refused"),
@@ -383,6 +387,7 @@ def test_the_action_records_reads_the_play_and_fails_on_a_refusal(tmp_path: Path
     assert "missing parameter(s) required by 'component': floor" in got["missing-floor"]
     # A loop keeps only its last item's facts, run_once gives one host's to all: refused, not half-recorded.
     assert got["looped"] == "One or more items failed"  # each item with the message below
+    assert got["looped-with"] == "One or more items failed"
     assert "once per component on the host it decides for" in got["run-once"]
     assert got["in-a-looped-include"] == ["i", "j"]
 

@@ -59,12 +59,8 @@ class ActionModule(ActionBase):
         # every host and a delegated task's to the delegate (delegate_facts): each would record a wrong
         # record. The task's own loop only: a role included in a loop (rolling_update.yml) runs this once
         # per host.
-        if (
-            self._task.loop is not None
-            or self._task.loop_with
-            or self._task.run_once
-            or self._task.delegate_to
-        ):
+        # (with_<lookup> sets the task's loop too: ansible-core playbook/task.py _preprocess_with_loop.)
+        if self._task.loop is not None or self._task.run_once or self._task.delegate_to:
             return {
                 **result,
                 "failed": True,
